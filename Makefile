@@ -1,0 +1,42 @@
+# The farm's entry points. Every target sets up what it needs by itself:
+# `make test` on a fresh machine creates .venv and installs the project.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+export FARM_CACHE ?= $(HOME)/.cache/farm
+
+.PHONY: setup test lint bench matrix plan recipes-check farm demo images setup-engine test-arm pages-screenshots clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check farm tests noxfile.py
+
+bench: setup
+	$(BIN)/python -m farm.bench
+
+matrix: setup
+	$(BIN)/python -m farm.upstream_replay_refresh
+
+plan: setup
+	$(BIN)/farm plan --format table --summary
+
+recipes-check: setup
+	$(BIN)/farm recipes check
+
+farm: setup
+	$(BIN)/farm run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .nox

@@ -1,0 +1,47 @@
+"""The `farm` command: a thin front that parses arguments and calls library functions.
+
+Each command group lives in farm/commands/<group>.py and exposes
+`register(subparsers)`; each parser sets `func(args) -> int`. Errors of the
+farm's own kinds become one line on stderr and their exit code (2 for bad
+input), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import FarmError
+
+# One line per command group; the order is the order of `farm --help`.
+COMMAND_MODULES = (
+    "farm.commands.arch",
+    "farm.commands.coverage",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="farm", description="Build farm for CUDA Python wheels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except FarmError as exc:
+        print(f"farm: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("farm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

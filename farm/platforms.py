@@ -1,0 +1,49 @@
+"""The one mapping between platform spellings.
+
+Policy and recipes say `linux`, `windows`, `linux_aarch64`; the PCWM says
+`linux_x86_64` for x86 Linux because that is what it observed; wheels carry
+platform tags. Lanes group platforms that share arch lists.
+"""
+
+from __future__ import annotations
+
+PLATFORMS = ("linux", "windows", "linux_aarch64")
+X86_LANE = "x86"
+ARM_LANE = "aarch64"
+
+_FROM_PCWM = {"linux_x86_64": "linux", "windows": "windows", "linux_aarch64": "linux_aarch64"}
+_TO_PCWM = {v: k for k, v in _FROM_PCWM.items()}
+_CELL_SUFFIX = {"linux": "", "windows": "-win", "linux_aarch64": "-aarch64"}
+
+
+def lane(platform: str) -> str:
+    """x86 lane = linux and windows; ARM lane = linux_aarch64."""
+    return ARM_LANE if platform == "linux_aarch64" else X86_LANE
+
+
+def from_pcwm(pcwm_platform: str) -> str:
+    return _FROM_PCWM[pcwm_platform]
+
+
+def to_pcwm(platform: str) -> str:
+    return _TO_PCWM[platform]
+
+
+def cell_suffix(platform: str) -> str:
+    """The cell id suffix: '' for linux, '-win', '-aarch64'."""
+    return _CELL_SUFFIX[platform]
+
+
+def from_wheel_platform_tag(tag: str) -> str | None:
+    """A wheel's platform tag -> farm platform, or None when the farm does not target it."""
+    if tag == "win_amd64":
+        return "windows"
+    if tag.endswith("aarch64"):
+        return "linux_aarch64"
+    if tag == "linux_x86_64" or (tag.startswith("manylinux") and tag.endswith("_x86_64")):
+        return "linux"
+    return None
+
+
+def is_valid(platform: str) -> bool:
+    return platform in PLATFORMS
