@@ -24,7 +24,7 @@ lint: setup
 	$(BIN)/ruff check farm tests noxfile.py
 
 bench: setup
-	$(BIN)/python -m farm.bench
+	$(BIN)/python -m bench
 
 matrix: setup
 	$(BIN)/python -m farm.upstream_replay_refresh
