@@ -149,7 +149,7 @@ def resolve(cuda: str, torch_minor: str | None, platform: str, defaults: Default
         arch_list, provenance = resolve_aarch64(cuda, overrides, defaults)
     else:
         arch_list, provenance = resolve_x86(cuda, torch_minor, overrides, defaults, combination_list)
-    key = provenance.split(" ")[0].removeprefix("recipe ")
+    key = provenance.removeprefix("recipe ").split(" ")[0]
     source = where if provenance.startswith("recipe") else defaults.arch_policy.where
     clamp(arch_list, cuda, defaults.toolkits, source, key)
     return Resolution(arch_list.normalised(), provenance, lane_name, cuda, torch_minor)

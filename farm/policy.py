@@ -243,6 +243,7 @@ class Gpu:
 class GpuTable:
     devices: tuple[Gpu, ...]
     driver_floor: Mapping[int, int]   # CUDA major -> minimum driver branch
+    tegra_ccs: frozenset[tuple[int, int]]  # integrated parts: no cubin compatibility with desktop parts
 
     def by_name(self, name: str) -> Gpu | None:
         wanted = _squash(name)
@@ -279,7 +280,10 @@ def load_gpus(path: Path) -> GpuTable:
         ))
     floors = {int(k): r.integer(v, f"driver_floor[{k}]")
               for k, v in r.mapping(r.require(data, "driver_floor"), "driver_floor").items()}
-    return GpuTable(tuple(devices), frozen(floors))
+    tegra = frozenset(_cc(r.version(v, "tegra_ccs"), r, "tegra_ccs")
+                      for v in r.strings(data.get("tegra_ccs", []), "tegra_ccs"))
+    tegra |= {d.cc for d in devices if d.tegra} | {d.alias for d in devices if d.tegra and d.alias}
+    return GpuTable(tuple(devices), frozen(floors), tegra)
 
 
 # ---------------------------------------------------------------- PAM
