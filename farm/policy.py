@@ -78,6 +78,7 @@ class Toolkit:
     a: frozenset[tuple[int, int]]
     f: frozenset[tuple[int, int]]
     jit_driver_floor: int | None
+    version: str | None = None      # the full toolkit version the farm builds with (keyed)
 
     def cannot_emit(self, token: ArchToken) -> str | None:
         """Why this toolkit cannot emit `token`, or None when it can."""
@@ -99,6 +100,7 @@ def load_toolkits(path: Path) -> Mapping[str, Toolkit]:
     data = r.mapping(load_yaml(path), "(top)")
     table = r.mapping(r.require(data, "toolkits"), "toolkits")
     floors = r.mapping(data.get("jit_driver_floor", {}), "jit_driver_floor")
+    versions = r.mapping(data.get("versions", {}), "versions")
     out = {}
     for cuda, row in table.items():
         key = f"toolkits[{cuda}]"
@@ -109,8 +111,10 @@ def load_toolkits(path: Path) -> Mapping[str, Toolkit]:
             values = r.strings(row.get(kind, []), f"{key}.{kind}")
             sets[kind] = frozenset(_cc(v, r, f"{key}.{kind}") for v in values)
         floor = floors.get(cuda)
+        version = versions.get(cuda)
         out[cuda] = Toolkit(cuda, sets["sm"], sets["a"], sets["f"],
-                            None if floor is None else r.integer(floor, f"jit_driver_floor[{cuda}]"))
+                            None if floor is None else r.integer(floor, f"jit_driver_floor[{cuda}]"),
+                            None if version is None else r.version(version, f"versions[{cuda}]"))
     return frozen(out)
 
 

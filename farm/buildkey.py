@@ -1,0 +1,105 @@
+"""Build keys (SPEC 7.4): a hash of the SEMANTIC inputs of one wheel.
+
+Keyed: the resolved source pin, the recipe's build-relevant keys and patch
+contents (not `verify`, not comments), the resolved arch list, the exact
+torch and label, the toolkit, the build context (runner class, image with
+its compiler, target platform tag), the pinned build deps, Python, the
+build epoch, and the build-relevant keys of recipes referenced through
+{VER:x} / {LOCAL:x}. Recorded but not keyed: image digest, farm version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cells import Cell
+from .policy import Defaults
+
+_REFERENCE = re.compile(r"\{(?:VER|LOCAL):([A-Za-z0-9_.-]+)\}")
+_TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Where a wheel is built, as far as it changes the bytes."""
+
+    runner: str         # container | host | windows
+    image: str          # builder image recipe id (carries the host compiler), or 'host'
+    plat_tag: str       # the wheel's platform tag, decided by the image's glibc
+
+    def as_dict(self) -> dict:
+        return {"runner": self.runner, "image": self.image, "plat_tag": self.plat_tag}
+
+
+def default_context(platform: str) -> BuildContext:
+    """The context `farm plan --missing` assumes; `farm build` keys with the context it really used."""
+    if platform == "windows":
+        return BuildContext("windows", "msvc", "win_amd64")
+    runner = os.environ.get("FARM_RUNNER", "container")
+    arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
+    image = os.environ.get("FARM_IMAGE_ID", "debian-bookworm")
+    plat = os.environ.get("FARM_PLAT_TAG", "manylinux_2_34")
+    return BuildContext(runner, image if runner == "container" else "host", f"{plat}_{arch}")
+
+
+def digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def tree_digest(folder: Path) -> str:
+    """Content hash of a local source tree (path sources), skipping VCS and build output."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _TREE_SKIP and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(root, name)
+            h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class KeyMaker:
+    """Computes build keys for many cells, hashing each recipe's inputs once."""
+
+    def __init__(self, defaults: Defaults, recipes: dict):
+        self.defaults = defaults
+        self.recipes = recipes
+        self._recipe_digest: dict[str, str] = {}
+        self.epoch = int(defaults.grid_policy.defaults.get("build_epoch", 1))
+
+    def recipe_digest(self, name: str) -> str:
+        """The recipe's build-relevant keys, patch contents, local source tree, and referenced recipes."""
+        if name not in self._recipe_digest:
+            self._recipe_digest[name] = ""   # guards against reference cycles
+            recipe = self.recipes[name]
+            relevant = recipe.build_relevant()
+            patches = [self._patch_digest(recipe, p) for p in relevant.get("patches") or ()]
+            source = relevant.get("source") or {}
+            tree = tree_digest(recipe.source_path) if getattr(recipe, "source_path", None) else None
+            refs = sorted(set(_REFERENCE.findall(json.dumps(relevant.get("requires_dist") or []))) - {name})
+            self._recipe_digest[name] = digest({
+                "recipe": relevant, "patches": patches, "source": source, "tree": tree,
+                "references": {r: self.recipe_digest(r) for r in refs if r in self.recipes},
+            })
+        return self._recipe_digest[name]
+
+    @staticmethod
+    def _patch_digest(recipe, patch) -> str:
+        file = patch.get("file") if isinstance(patch, dict) else getattr(patch, "file", patch)
+        path = Path(recipe.path).parent / "patches" / recipe.name / str(file)
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else f"missing:{file}"
+
+    def key(self, cell: Cell, context: BuildContext | None = None) -> str:
+        context = context or default_context(cell.platform)
+        return digest({
+            "recipe": self.recipe_digest(cell.recipe_name),
+            "arch": cell.arch.arch_list.torch(),
+            "torch": cell.torch_pin, "label": cell.local_label,
+            "cuda": cell.cuda, "toolkit": self.defaults.toolkits[cell.cuda].version,
+            "python": cell.python, "wheel_abi": cell.wheel_abi, "platform": cell.platform,
+            "context": context.as_dict(), "epoch": self.epoch,
+        })

@@ -1,0 +1,72 @@
+"""`farm plan`: the cells, filtered, sharded, as a table, JSON or a GitHub Actions matrix."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..plan import Filters, full_plan, in_shard, parse_shard
+from ..platforms import PLATFORMS
+from .common import print_json
+
+
+def add_filters(parser) -> None:
+    parser.add_argument("--package", action="append", default=[], help="repeatable")
+    parser.add_argument("--cuda", action="append", default=[])
+    parser.add_argument("--torch", action="append", default=[])
+    parser.add_argument("--python", action="append", default=[])
+    parser.add_argument("--platform", action="append", default=[], choices=PLATFORMS)
+    parser.add_argument("--shard", help="i/n: only this host's share (a hash of the cell id)")
+
+
+def filters_of(args) -> Filters:
+    return Filters(tuple(args.package), tuple(args.cuda), tuple(args.torch), tuple(args.python), tuple(args.platform))
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("plan", help="list the cells to build")
+    add_filters(parser)
+    parser.add_argument("--missing", action="store_true", help="only cells whose build key is not in the wheelhouse")
+    parser.add_argument("--format", choices=("table", "json", "github"), default="table")
+    parser.add_argument("--summary", action="store_true", help="per-package counts per platform")
+    parser.set_defaults(func=plan_command)
+
+
+def selected(args):
+    plan = full_plan()
+    cells = in_shard(plan.select(filters_of(args)), parse_shard(args.shard) if args.shard else None)
+    if getattr(args, "missing", False):
+        from ..buildkey import KeyMaker
+        from ..wheelhouse import built_keys
+
+        done = built_keys()
+        keys = KeyMaker(plan.defaults, plan.recipes)
+        cells = [c for c in cells if keys.key(c) not in done]
+    return plan, cells
+
+
+def plan_command(args) -> int:
+    plan, cells = selected(args)
+    if args.format == "json":
+        print_json([{"id": c.id, "package": c.recipe_name, "cuda": c.cuda, "torch": c.torch,
+                     "torch_pin": c.torch_pin, "python": c.python, "platform": c.platform,
+                     "arch_list": c.arch.arch_list.torch(), "tags": list(c.tags)} for c in cells])
+        return 0
+    if args.format == "github":
+        from ..ci import github_matrix
+
+        print_json(github_matrix(cells))
+        return 0
+    if args.summary:
+        counts = Counter((c.recipe_name, c.platform) for c in cells)
+        names = sorted({c.recipe_name for c in cells})
+        print(f"{'package':<28} {'linux':>7} {'windows':>8} {'aarch64':>8} {'total':>7}")
+        for name in names:
+            row = [counts[(name, p)] for p in PLATFORMS]
+            print(f"{name:<28} {row[0]:>7} {row[1]:>8} {row[2]:>8} {sum(row):>7}")
+        totals = [sum(counts[(n, p)] for n in names) for p in PLATFORMS]
+        print(f"{'total':<28} {totals[0]:>7} {totals[1]:>8} {totals[2]:>8} {sum(totals):>7}")
+        return 0
+    for c in cells:
+        print(f"{c.id:<60} {c.torch_pin:<8} {c.arch.arch_list}")
+    print(f"{len(cells)} cells")
+    return 0

@@ -1,0 +1,63 @@
+"""nox sessions: one `build-<cell id>` per cell, plus tests and lint.
+
+The session list comes from the farm's cached plan (ids and tags, keyed by a
+hash of defaults/ and recipes/), so listing stays fast with the full grid.
+When specific build sessions are named on the command line only those are
+registered. Policy lives in the farm, not here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import nox
+
+from farm.plan import session_index
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+
+
+def _named_sessions(argv: list[str]) -> set[str] | None:
+    """Session names given with -s/--session(s)/-e, when every one is a build session."""
+    names, take = [], False
+    for arg in argv:
+        if arg in ("-s", "--session", "--sessions", "-e"):
+            take = True
+            continue
+        if arg.startswith(("--session=", "--sessions=")):
+            names.append(arg.split("=", 1)[1])
+            continue
+        if take and not arg.startswith("-"):
+            names.append(arg)
+            continue
+        take = False
+    if names and all(n.startswith("build-") for n in names):
+        return set(names)
+    return None
+
+
+def _register(cell_id: str, tags: tuple[str, ...]) -> None:
+    def build(session: nox.Session) -> None:
+        session.run(sys.executable, "-m", "farm", "build", cell_id, *session.posargs, external=True)
+
+    build.__doc__ = f"build the wheel of cell {cell_id}"
+    nox.session(name=f"build-{cell_id}", tags=list(tags), venv_backend="none")(build)
+
+
+_wanted = _named_sessions(sys.argv[1:])
+for _cell_id, _tags in session_index():
+    if _wanted is None or f"build-{_cell_id}" in _wanted:
+        _register(_cell_id, _tags)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """the test suite (same as `make test`)"""
+    session.run("make", "test", external=True)
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff over the farm, its tests and this file"""
+    session.run("make", "lint", external=True)
