@@ -26,8 +26,11 @@ lint: setup
 bench: setup
 	$(BIN)/python -m bench
 
+# The committed matrix files come from the upstream replay served on loopback (never hand-edited).
+SHARED ?= $(abspath $(CURDIR)/../shared)
 matrix: setup
-	$(BIN)/python -m farm.upstream_replay_refresh
+	$(BIN)/python tests/replay_server.py $(SHARED)/upstream-replay -- $(BIN)/farm matrix scrape --index-url '{url}whl/'
+	$(BIN)/farm matrix derive
 
 plan: setup
 	$(BIN)/farm plan --format table --summary

@@ -16,6 +16,7 @@ from .errors import FarmError
 
 # One line per command group; the order is the order of `farm --help`.
 COMMAND_MODULES = (
+    "farm.commands.matrix",
     "farm.commands.arch",
     "farm.commands.coverage",
 )

@@ -169,7 +169,12 @@ class Pcwm:
 
 def load_pcwm(defaults_dir: Path | str | None = None) -> Pcwm:
     """defaults/scraped_torch_matrix.json, validated; cached per folder and file state."""
-    path = Path(defaults_dir or paths.defaults_dir()).resolve() / PCWM_FILE
+    return load_pcwm_file(Path(defaults_dir or paths.defaults_dir()) / PCWM_FILE)
+
+
+def load_pcwm_file(path: Path | str) -> Pcwm:
+    """A PCWM file anywhere (e.g. a scrape kept by `watch` or a test)."""
+    path = Path(path).resolve()
     return _load_pcwm(path, _state(path))
 
 
@@ -274,7 +279,8 @@ def derive(pcwm: Pcwm, policy: GridPolicy) -> Grid:
     return Grid(tuple(rows), frozenset(phantoms))
 
 
-def _phantom_key(cell):
+def cell_key(cell):
+    """Numeric order of (cuda, torch minor, python, platform) cells: 2.9 before 2.10."""
     cuda, torch, python, platform = cell
     return vtuple(cuda), vtuple(torch), vtuple(python), platform
 
@@ -296,7 +302,7 @@ def render_grid_yaml(grid: Grid) -> str:
 
 
 def render_phantoms_json(grid: Grid) -> str:
-    cells = [[cuda_tag(c), t, python_tag(py), p] for c, t, py, p in sorted(grid.phantoms, key=_phantom_key)]
+    cells = [[cuda_tag(c), t, python_tag(py), p] for c, t, py, p in sorted(grid.phantoms, key=cell_key)]
     return "[\n" + ",\n".join("  " + json.dumps(cell) for cell in cells) + ("\n]\n" if cells else "]\n")
 
 

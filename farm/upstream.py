@@ -9,7 +9,6 @@ never listed here.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -191,13 +190,3 @@ def write_pcwm(pcwm: Pcwm, path: Path) -> bool:
         return False
     write_atomic(path, text)
     return True
-
-
-def scrape_to_file(index_url: str, policy: GridPolicy, out: Path, source_label: str = DEFAULT_SOURCE,
-                   warn: Callable[[str], None] = lambda message: None) -> Scrape:
-    """Scrape, then write; a failure raises before anything is written."""
-    result = scrape(index_url, policy, source_label)
-    for message in result.warnings:
-        warn(message)
-    write_pcwm(result.pcwm, out)
-    return result

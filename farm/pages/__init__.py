@@ -1,0 +1,1 @@
+"""Static HTML pages (no scripts, every string escaped) generated from the farm's data."""
