@@ -196,7 +196,9 @@ def fallback_hazards(recipe: str, overrides: ArchOverrides, built: Mapping[str, 
                 add("a", f"arch_list_by_cuda{suffix} has no key {cuda!r} and there is no package-wide list: "
                          f"falls back to {provenance} = {arch_list} (declare arch_fallback: policy if intended)")
             other_own = overrides.explicit(other, cuda)
-            if fell_back and other_own:
+            # arch_fallback: policy declares the policy row intended on every lane: SPEC 4.6 counts
+            # diso (x86 lists for 12.4/12.6 only, ARM 12.6 on policy) clean once it declares it.
+            if fell_back and other_own and not overrides.arch_fallback_policy:
                 mine, theirs = _arch_set(arch_list), _arch_set(other_own[0])
                 if mine != theirs:
                     extra = " ".join(sorted(mine - theirs, key=_num)) or "-"

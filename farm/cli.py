@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "farm.commands.matrix",
     "farm.commands.arch",
     "farm.commands.coverage",
+    "farm.commands.recipes",
 )
 
 

@@ -1,0 +1,85 @@
+"""`farm recipes check` (validate every recipe, print the fallback hazards of SPEC 4.6) and `farm recipes list`."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import paths
+from ..policy import load_defaults
+from ..recipes import check_recipes, load_recipes
+from .common import print_json
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("recipes", help="recipes: validate them, show fallback hazards, list them")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    check = verbs.add_parser("check", help="validate every recipe (exit 2 on an invalid one) and print fallback hazards")
+    check.set_defaults(func=check_command)
+    listing = verbs.add_parser("list", help="one line per recipe: torch axis, wheel ABI, platforms, source")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    listing.set_defaults(func=list_command)
+
+
+def check_command(args) -> int:
+    defaults = load_defaults()
+    report = check_recipes(defaults=defaults)
+    for error in report.errors:
+        print(f"farm: {error}", file=sys.stderr)
+    folder = paths.display(report.folder)
+    lines_from = "the derived grid" if report.used_grid else "every supported CUDA line (no derived grid yet)"
+    print(f"{len(report.recipes)} recipes valid, {len(report.errors)} invalid in {folder}/ "
+          f"(lines built: {lines_from})")
+    by_recipe: dict[str, list] = {}
+    for hazard in report.hazards:
+        print(f"warning: {hazard}")
+        by_recipe.setdefault(hazard.recipe, []).append(hazard)
+    if by_recipe:
+        print(f"fallback hazards (SPEC 4.6): {len(report.hazards)} in {len(by_recipe)} recipes")
+        for name, found in by_recipe.items():
+            lanes: dict[str, list[str]] = {}
+            for h in found:
+                if h.cuda not in lanes.setdefault(h.lane, []):
+                    lanes[h.lane].append(h.cuda)
+            kinds = "".join(sorted({h.kind for h in found}))
+            print(f"  {name}: " + "; ".join(f"{lane_name} {'/'.join(cudas)}" for lane_name, cudas in lanes.items())
+                  + f" ({kinds})")
+    else:
+        print("fallback hazards (SPEC 4.6): none")
+    return 2 if report.errors else 0
+
+
+def list_command(args) -> int:
+    recipes = load_recipes()
+    rows = []
+    for name, r in sorted(recipes.items()):
+        if r.source.kind == "git":
+            source = f"git {r.source.ref}"
+        elif r.source.kind == "sdist":
+            source = f"sdist {r.source.pypi or r.source.url}"
+        else:
+            source = f"path {r.source.path_text}"
+        rows.append({
+            "name": name,
+            "torch": "per-torch" if r.links_torch else "torch-free",
+            "wheel_abi": r.wheel_abi,
+            "platforms": list(r.platforms),
+            "rows": "own combinations" if r.combinations else "grid",
+            "min_torch": r.min_torch, "max_torch": r.max_torch,
+            "source": source,
+            "needs_patch": r.needs_patch,
+        })
+    if args.format == "json":
+        print_json(rows)
+        return 0
+    plat = {"linux": "L", "windows": "W", "linux_aarch64": "A"}
+    header = f"{'name':<28} {'torch':<10} {'abi':<8} {'plat':<4} {'rows':<5} {'torch range':<11} source"
+    print(header)
+    for row in rows:
+        span = f"{row['min_torch'] or ''}..{row['max_torch'] or ''}" if row["min_torch"] or row["max_torch"] else "-"
+        flags = "  [needs_patch]" if row["needs_patch"] else ""
+        print(f"{row['name']:<28} {row['torch']:<10} {row['wheel_abi']:<8} "
+              f"{''.join(plat[p] for p in row['platforms']):<4} {'own' if row['rows'] != 'grid' else 'grid':<5} "
+              f"{span:<11} {row['source']}{flags}")
+    print(f"{len(rows)} recipes, {sum(r['needs_patch'] for r in rows)} marked needs_patch")
+    return 0

@@ -1,0 +1,1042 @@
+"""Recipes (SPEC 6): one YAML file per package, validated into an immutable `Recipe`.
+
+Every problem is one line naming the file, the key and the value (BadInput,
+exit 2). Checks that need more than one file (`{VER:x}` / `{LOCAL:x}` and
+`build_requires_farm` naming another recipe) run in `load_recipes`, which
+knows every recipe name. Arch lists are checked against the toolkit of every
+CUDA line the recipe builds (`built_lines`), never narrowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from . import paths
+from .archlist import ArchList
+from .arches import ArchOverrides, Hazard, fallback_hazards
+from .errors import BadInput, FarmError
+from .platforms import ARM_LANE, PLATFORMS, X86_LANE, lane
+from .policy import Defaults, clamp, load_defaults
+from .versions import vtuple
+
+# ---------------------------------------------------------------- vocabulary
+
+TOP_KEYS = (
+    "name", "source", "version", "links_torch", "subdir", "submodules", "platforms", "min_torch",
+    "max_torch", "combinations", "wheel_abi", "arch_fallback", "build_requires_farm", "extra_sources",
+    "system_packages", "expected_fail", "needs_patch", "arch_list", "arch_list_by_cuda",
+    "arch_list_aarch64", "arch_list_by_cuda_aarch64", "build_deps", "cuda_components", "env",
+    "pre_build", "patches", "max_jobs", "nvcc_threads", "nvcc_flags", "requires_dist", "verify",
+)
+REQUIRED_KEYS = ("name", "source", "links_torch")
+ARCH_KEYS = ("arch_list", "arch_list_by_cuda", "arch_list_aarch64", "arch_list_by_cuda_aarch64", "arch_fallback")
+WHEEL_ABIS = ("cpython", "abi3", "py3-none", "pure")
+SOURCE_KINDS = ("git", "sdist", "path")
+GIT_KEYS = ("url", "ref", "commit")
+SDIST_KEYS = ("url", "pypi", "sha256")
+COMBINATION_KEYS = ("cuda", "torch", "pythons", "arch_list", "source")
+EXTRA_SOURCE_KEYS = ("url", "sha256", "dest")
+EXPECTED_FAIL_KEYS = ("cells", "reason", "until")
+PATCH_KEYS = ("file", "when")
+PATCH_WHEN_KEYS = ("platform", "cuda")
+IMAGE_FAMILIES = ("dnf", "apt")
+VERIFY_KEYS = (
+    "import_names", "extra_imports", "no_direct_import", "skip_import", "needs_driver",
+    "expect_device_error", "expect_ops", "allowed_needed", "skip_arch", "allow_missing_archs",
+    "allow_pure_python",
+)
+ALLOW_MISSING_KEYS = ("archs", "reason")
+# Toolkit parts a recipe may add to the image (names as NVIDIA's packages spell them, without prefixes).
+CUDA_COMPONENTS = (
+    "cublas", "cudart", "cufft", "cufile", "cupti", "curand", "cusolver", "cusparse", "nvjitlink",
+    "nvjpeg", "npp", "nvml", "nvrtc", "nvtx", "cccl", "profiler_api", "cuobjdump", "nvdisasm",
+)
+ENV_PLACEHOLDERS = ("ARCHS_TORCH", "ARCHS_CMAKE", "CUDA", "CUDA_HOME")
+TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
+# Names that are branches (or moving pointers) in practice, whatever they look like.
+FLOATING_REFS = ("main", "master", "head", "develop", "dev", "trunk", "latest", "stable", "nightly", "default")
+
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+_SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# A tag names a release: an optional word prefix, then a dotted number, then optional suffixes.
+# v1.2.3, 0.6, release-1.0, v1.5.0-aot, 2.0.0b0 pass; main, feature/x, v1, fix-bug do not.
+_TAG = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*[-_]?)?\d+(?:\.\d+)+(?:[-._+]?[A-Za-z0-9]+)*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+_MINOR = re.compile(r"^\d+\.\d+$")
+_PATCH = re.compile(r"^\d+\.\d+\.\d+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_URL = re.compile(r"^(https?|git|ssh|file)://\S+$|^git@[\w.-]+:\S+$")
+
+
+def frozen(d: Mapping) -> Mapping:
+    return MappingProxyType(dict(d))
+
+
+# ---------------------------------------------------------------- typed pieces
+
+@dataclass(frozen=True)
+class Source:
+    """Where the code comes from: exactly one of git, sdist, path."""
+
+    kind: str                      # git | sdist | path
+    url: str | None = None         # git, sdist
+    ref: str | None = None         # git: full SHA or tag
+    commit: str | None = None      # git: the SHA a tag resolved to (only when known)
+    pypi: str | None = None        # sdist: "name==version"
+    sha256: str | None = None      # sdist
+    path: Path | None = None       # path: absolute, resolved against the recipe's folder
+    path_text: str | None = None   # path: as written (the build key uses this, not the machine's path)
+
+    @property
+    def pinned_commit(self) -> str | None:
+        """The commit SHA this source is known to be at, before fetching (None for an unresolved tag)."""
+        if self.kind != "git":
+            return None
+        return self.ref if _SHA.match(self.ref or "") else self.commit
+
+    def plain(self) -> dict:
+        if self.kind == "git":
+            return {"git": _drop_empty({"url": self.url, "ref": self.ref, "commit": self.commit})}
+        if self.kind == "sdist":
+            return {"sdist": _drop_empty({"url": self.url, "pypi": self.pypi, "sha256": self.sha256})}
+        return {"path": self.path_text}
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One own row: an exact torch patch, its Pythons, and optionally its own list and source."""
+
+    cuda: str
+    torch: str                     # exact patch, e.g. '2.8.0'
+    pythons: tuple[str, ...]
+    arch_list: ArchList | None = None
+    source: Source | None = None
+
+    @property
+    def torch_minor(self) -> str:
+        return ".".join(self.torch.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class ExtraSource:
+    url: str
+    sha256: str
+    dest: str
+
+
+@dataclass(frozen=True)
+class ExpectedFail:
+    cells: tuple[str, ...]         # fnmatch patterns over cell ids
+    reason: str
+    until: str | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    file: str                      # under recipes/patches/<name>/
+    path: Path
+    when: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))  # platform / cuda
+
+    @property
+    def is_script(self) -> bool:
+        """A Python patch_script (run without network) rather than a diff for `git apply`."""
+        return self.file.endswith(".py")
+
+    def applies(self, platform: str, cuda: str) -> bool:
+        return all(value in self.when.get(key, (value,)) for key, value in (("platform", platform), ("cuda", cuda)))
+
+
+@dataclass(frozen=True)
+class AllowedMissing:
+    archs: ArchList
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Knobs of the verify gate (SPEC 9). Not build-relevant."""
+
+    import_names: tuple[str, ...] = ()
+    extra_imports: tuple[str, ...] = ()
+    no_direct_import: tuple[str, ...] = ()
+    skip_import: bool | str = False
+    needs_driver: bool = False
+    expect_device_error: bool | str = False
+    expect_ops: tuple[str, ...] = ()
+    allowed_needed: tuple[str, ...] = ()
+    skip_arch: str | None = None                                 # the reason
+    allow_missing_archs: Mapping[str, AllowedMissing] = field(default_factory=lambda: frozen({}))
+    allow_pure_python: bool = False
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One package, validated. Immutable: tuples and read-only mappings only."""
+
+    name: str
+    path: Path
+    source: Source
+    links_torch: bool
+    arch: ArchOverrides
+    version: str | None = None
+    subdir: str | None = None
+    submodules: bool = False
+    platforms: tuple[str, ...] = PLATFORMS
+    min_torch: str | None = None
+    max_torch: str | None = None
+    combinations: tuple[Combination, ...] = ()
+    wheel_abi: str = "cpython"
+    arch_fallback: str | None = None
+    build_requires_farm: tuple[str, ...] = ()
+    extra_sources: tuple[ExtraSource, ...] = ()
+    system_packages: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: frozen({}))
+    expected_fail: ExpectedFail | None = None
+    needs_patch: bool = False
+    build_deps: tuple[str, ...] = ()
+    cuda_components: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: frozen({}))
+    pre_build: str | None = None
+    patches: tuple[Patch, ...] = ()
+    max_jobs: int | None = None            # None: the policy default
+    nvcc_threads: int | None = None        # None: the policy default
+    nvcc_flags: str | None = None
+    requires_dist: tuple[str, ...] | None = None   # None: keep the wheel's own metadata
+    verify: Verify = field(default_factory=Verify)
+
+    # -- arch fields, as SPEC 6 names them (parsed into `arch`)
+    @property
+    def arch_list(self) -> ArchList | None:
+        return self.arch.arch_list
+
+    @property
+    def arch_list_by_cuda(self) -> Mapping[str, ArchList]:
+        return self.arch.arch_list_by_cuda
+
+    @property
+    def arch_list_aarch64(self) -> ArchList | None:
+        return self.arch.arch_list_aarch64
+
+    @property
+    def arch_list_by_cuda_aarch64(self) -> Mapping[str, ArchList]:
+        return self.arch.arch_list_by_cuda_aarch64
+
+    @property
+    def source_path(self) -> Path | None:
+        """The local source folder of a `path` source (None for git and sdist)."""
+        return self.source.path if self.source.kind == "path" else None
+
+    @property
+    def collapses_python(self) -> bool:
+        """abi3, py3-none and pure wheels: one cell per (CUDA, torch, platform), listed for every Python."""
+        return self.wheel_abi != "cpython"
+
+    def references(self) -> frozenset[str]:
+        """Recipes named by `{VER:x}` / `{LOCAL:x}` in requires_dist (their build key reaches this one)."""
+        return frozenset(arg for req in self.requires_dist or () for _, arg in _placeholders(req) if arg)
+
+    def parallelism(self, defaults: Defaults) -> tuple[int, int]:
+        """(max_jobs, nvcc_threads): the recipe's values, else the policy defaults, else 1."""
+        policy = defaults.grid_policy.defaults
+        return (self.max_jobs or int(policy.get("max_jobs", 1)),
+                self.nvcc_threads or int(policy.get("nvcc_threads", 1)))
+
+    def build_relevant(self) -> dict:
+        """The keys that feed the build key (SPEC 7.4): everything but `verify` (comments never get here).
+
+        Plain JSON-able data; keys at their default value are left out, so writing a default
+        explicitly does not change the key.
+        """
+        a = self.arch
+        data = {
+            "name": self.name,
+            "source": self.source.plain(),
+            "version": self.version,
+            "links_torch": self.links_torch,
+            "subdir": self.subdir,
+            "submodules": self.submodules,
+            "platforms": list(self.platforms),
+            "min_torch": self.min_torch,
+            "max_torch": self.max_torch,
+            "combinations": [_drop_empty({
+                "cuda": c.cuda, "torch": c.torch, "pythons": list(c.pythons),
+                "arch_list": c.arch_list and c.arch_list.torch(),
+                "source": c.source and c.source.plain()}) for c in self.combinations],
+            "wheel_abi": None if self.wheel_abi == "cpython" else self.wheel_abi,
+            "arch_fallback": self.arch_fallback,
+            "build_requires_farm": list(self.build_requires_farm),
+            "extra_sources": [{"url": e.url, "sha256": e.sha256, "dest": e.dest} for e in self.extra_sources],
+            "system_packages": {k: list(v) for k, v in self.system_packages.items()},
+            "expected_fail": self.expected_fail and _drop_empty({
+                "cells": list(self.expected_fail.cells), "reason": self.expected_fail.reason,
+                "until": self.expected_fail.until}),
+            "needs_patch": self.needs_patch,
+            "arch_list": a.arch_list and a.arch_list.torch(),
+            "arch_list_by_cuda": {k: v.torch() for k, v in a.arch_list_by_cuda.items()},
+            "arch_list_aarch64": a.arch_list_aarch64 and a.arch_list_aarch64.torch(),
+            "arch_list_by_cuda_aarch64": {k: v.torch() for k, v in a.arch_list_by_cuda_aarch64.items()},
+            "build_deps": list(self.build_deps),
+            "cuda_components": list(self.cuda_components),
+            "env": dict(self.env),
+            "pre_build": self.pre_build,
+            "patches": [_drop_empty({"file": p.file, "when": {k: list(v) for k, v in p.when.items()}})
+                        for p in self.patches],
+            "max_jobs": self.max_jobs,
+            "nvcc_threads": self.nvcc_threads,
+            "nvcc_flags": self.nvcc_flags,
+            "requires_dist": None if self.requires_dist is None else list(self.requires_dist),
+        }
+        if self.platforms == PLATFORMS:
+            data["platforms"] = None
+        return _drop_empty(data)
+
+
+def _drop_empty(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v not in (None, False, [], {}, "")}
+
+
+# ---------------------------------------------------------------- YAML with duplicate-key detection
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _RecipeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """Safe loader that refuses a key written twice in one mapping (YAML would keep the last silently)."""
+
+
+def _mapping_without_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} written twice in one mapping", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def _read_yaml(path: Path) -> object:
+    where = paths.display(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(where, None, None, "file not found") from None
+    try:
+        return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a safe loader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f"{where}:{mark.line + 1}:{mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BadInput(where, None, None, f"YAML syntax error: {problem}") from None
+
+
+# ---------------------------------------------------------------- the reader
+
+class _Reader:
+    """Typed access to one recipe file's values; every failure is one BadInput line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.where = paths.display(path)
+
+    def fail(self, key: str | None, value, problem: str):
+        raise BadInput(self.where, key, value, problem)
+
+    def known_keys(self, data: Mapping, allowed: Iterable[str], prefix: str = "") -> None:
+        allowed = tuple(allowed)
+        for key in data:
+            if key in allowed:
+                continue
+            if not isinstance(key, str):
+                self.fail(f"{prefix}{key}", None, "keys must be strings")
+            near = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(allowed)}"
+            self.fail(f"{prefix}{key}", None, f"unknown key{hint}")
+
+    def mapping(self, value, key: str) -> Mapping:
+        if not isinstance(value, Mapping):
+            self.fail(key, value, f"expected a mapping, got {_kind(value)}")
+        return value
+
+    def string(self, value, key: str, *, empty: bool = False) -> str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.fail(key, value, f"write it as a quoted string, e.g. '{value}'")
+        if not isinstance(value, str):
+            self.fail(key, value, f"expected a string, got {_kind(value)}")
+        if not empty and not value.strip():
+            self.fail(key, value, "must not be empty")
+        return value
+
+    def boolean(self, value, key: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(key, value, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def positive(self, value, key: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(key, value, f"expected a whole number, got {_kind(value)}")
+        if value < 1:
+            self.fail(key, value, "must be at least 1")
+        return value
+
+    def strings(self, value, key: str) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, list):
+            self.fail(key, value, f"expected a list of strings, got {_kind(value)}")
+        return tuple(self.string(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+    def string_or_list(self, value, key: str) -> tuple[str, ...]:
+        return (self.string(value, key),) if isinstance(value, str) else self.strings(value, key)
+
+    def minor(self, value, key: str) -> str:
+        text = self.string(value, key)
+        if not _MINOR.match(text):
+            self.fail(key, text, "expected a torch minor like '2.8' (major.minor)")
+        return text
+
+    def sha256(self, value, key: str) -> str:
+        text = self.string(value, key)
+        if not _SHA256.match(text):
+            self.fail(key, text, "expected 64 lowercase hex digits")
+        return text
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "nothing"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+# ---------------------------------------------------------------- sources
+
+def _read_source(r: _Reader, value, key: str) -> Source:
+    data = r.mapping(value, key)
+    kinds = [k for k in SOURCE_KINDS if k in data]
+    r.known_keys(data, SOURCE_KINDS, f"{key}.")
+    if len(kinds) != 1:
+        r.fail(key, dict(data) if kinds else None,
+               f"needs exactly one of git, sdist, path (found {len(kinds)}{': ' + ', '.join(kinds) if kinds else ''})")
+    kind = kinds[0]
+    body = data[kind]
+    if kind == "path":
+        text = r.string(body, f"{key}.path")
+        target = Path(text).expanduser()
+        # Relative paths belong to the recipe file, not to wherever the farm happens to run.
+        if not target.is_absolute():
+            target = (r.path.parent / target)
+        return Source("path", path=target.resolve(), path_text=text)
+    body = r.mapping(body, f"{key}.{kind}")
+    if kind == "git":
+        r.known_keys(body, GIT_KEYS, f"{key}.git.")
+        for req in ("url", "ref"):
+            if req not in body:
+                r.fail(f"{key}.git.{req}", None, "missing required key")
+        url = _read_url(r, body["url"], f"{key}.git.url")
+        ref = _read_ref(r, body["ref"], f"{key}.git.ref")
+        commit = None
+        if body.get("commit") is not None:
+            commit = r.string(body["commit"], f"{key}.git.commit")
+            if not _SHA.match(commit):
+                r.fail(f"{key}.git.commit", commit, "expected the full 40-hex commit SHA")
+            if _SHA.match(ref) and commit != ref:
+                r.fail(f"{key}.git.commit", commit, f"differs from ref {ref} (a SHA ref needs no commit)")
+        return Source("git", url=url, ref=ref, commit=commit)
+    r.known_keys(body, SDIST_KEYS, f"{key}.sdist.")
+    where_from = [k for k in ("url", "pypi") if k in body]
+    if len(where_from) != 1:
+        r.fail(f"{key}.sdist", dict(body), "needs exactly one of url or pypi (name==version)")
+    if "sha256" not in body:
+        r.fail(f"{key}.sdist.sha256", None, "missing: an sdist source must carry its sha256")
+    sha = r.sha256(body["sha256"], f"{key}.sdist.sha256")
+    if "url" in body:
+        return Source("sdist", url=_read_url(r, body["url"], f"{key}.sdist.url"), sha256=sha)
+    pypi = r.string(body["pypi"], f"{key}.sdist.pypi")
+    try:
+        req = Requirement(pypi)
+    except InvalidRequirement:
+        req = None
+    specs = list(req.specifier) if req else []
+    if not req or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+        r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3'")
+    return Source("sdist", pypi=pypi, sha256=sha)
+
+
+def _read_url(r: _Reader, value, key: str) -> str:
+    url = r.string(value, key)
+    if not _URL.match(url):
+        r.fail(key, url, "expected a URL (https://, http://, git://, ssh://, file:// or git@host:path)")
+    return url
+
+
+def _read_ref(r: _Reader, value, key: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        r.fail(key, value, f"write the ref as a quoted string, e.g. '{value}' (YAML reads it as a number)")
+    ref = r.string(value, key)
+    if _SHA.match(ref):
+        return ref
+    if ref.lower() in FLOATING_REFS or ref.lower().startswith(("refs/heads/", "origin/")):
+        r.fail(key, ref, "a branch moves: pin a full 40-hex commit SHA or a release tag")
+    if _SHORT_SHA.match(ref) and not _TAG.match(ref):
+        r.fail(key, ref, "abbreviated commit: write the full 40-hex SHA")
+    if re.fullmatch(r"[0-9a-fA-F]{40}", ref):
+        r.fail(key, ref, "write the commit SHA in lowercase")
+    if not _TAG.match(ref):
+        r.fail(key, ref, "looks like a branch name: pin a full 40-hex commit SHA or a release tag like v1.2.3")
+    return ref
+
+
+# ---------------------------------------------------------------- requirement lists
+
+def _placeholders(text: str) -> list[tuple[str, str | None]]:
+    out = []
+    for body in _PLACEHOLDER.findall(text):
+        name, _, arg = body.partition(":")
+        out.append((name, arg if _ else None))
+    return out
+
+
+def _read_requirement(r: _Reader, text: str, key: str, *, placeholders: bool) -> Requirement:
+    probe = text
+    if placeholders:
+        for name, arg in _placeholders(text):
+            shown = "{" + name + (f":{arg}" if arg is not None else "") + "}"
+            if name == "LOCAL" and arg is None:
+                probe = probe.replace(shown, "cu128torch2.8", 1)
+            elif name in ("LOCAL", "VER") and arg:
+                if not _NAME.match(arg):
+                    r.fail(key, text, f"{shown}: {arg!r} is not a recipe name")
+                probe = probe.replace(shown, "cu128" if name == "LOCAL" else "1.0", 1)
+            else:
+                r.fail(key, text, f"unknown placeholder {shown} (known: {{LOCAL}}, {{LOCAL:<recipe>}}, {{VER:<recipe>}})")
+    try:
+        req = Requirement(probe)
+    except InvalidRequirement as exc:
+        r.fail(key, text, f"not a valid requirement: {str(exc).splitlines()[0]}")
+    squashed = canonicalize_name(req.name).replace("-", "")
+    if squashed in TORCH_FAMILY:
+        r.fail(key, text, "the torch family (torch, torchvision, torchaudio) is never listed: the cell's "
+                          "channel decides which torch a wheel goes with")
+    return req
+
+
+def _read_requirements(r: _Reader, value, key: str, *, placeholders: bool) -> tuple[str, ...]:
+    items = r.strings(value, key)
+    for i, text in enumerate(items):
+        _read_requirement(r, text, f"{key}[{i}]", placeholders=placeholders)
+    return items
+
+
+# ---------------------------------------------------------------- the rest of the keys
+
+def _read_platforms(r: _Reader, value) -> tuple[str, ...]:
+    items = r.strings(value, "platforms")
+    if not items:
+        r.fail("platforms", [], "name at least one platform")
+    for p in items:
+        if p not in PLATFORMS:
+            near = difflib.get_close_matches(p, PLATFORMS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            r.fail("platforms", p, f"unknown platform (expected {', '.join(PLATFORMS)}){hint}")
+    if len(set(items)) != len(items):
+        r.fail("platforms", list(items), "a platform is listed twice")
+    return tuple(p for p in PLATFORMS if p in items)
+
+
+def _read_combinations(r: _Reader, value, defaults: Defaults) -> tuple[Combination, ...]:
+    if not isinstance(value, list) or not value:
+        r.fail("combinations", value, "expected a non-empty list of {cuda, torch, pythons} rows")
+    out, seen = [], set()
+    for i, row in enumerate(value):
+        key = f"combinations[{i}]"
+        row = r.mapping(row, key)
+        r.known_keys(row, COMBINATION_KEYS, f"{key}.")
+        for req in ("cuda", "torch", "pythons"):
+            if req not in row:
+                r.fail(f"{key}.{req}", None, "missing required key")
+        cuda = r.string(row["cuda"], f"{key}.cuda")
+        if cuda not in defaults.grid_policy.supported_cudas:
+            r.fail(f"{key}.cuda", cuda, f"not a supported CUDA line ({', '.join(defaults.grid_policy.supported_cudas)})")
+        torch = r.string(row["torch"], f"{key}.torch")
+        if not _PATCH.match(torch):
+            r.fail(f"{key}.torch", torch, "own combinations name an exact torch patch, e.g. '2.8.0'")
+        pythons = r.strings(row["pythons"], f"{key}.pythons")
+        if not pythons:
+            r.fail(f"{key}.pythons", [], "name at least one Python")
+        for p in pythons:
+            if p.endswith("t"):
+                r.fail(f"{key}.pythons", p, "free-threaded Pythons are never targets")
+            if not _MINOR.match(p):
+                r.fail(f"{key}.pythons", p, "expected a Python like '3.12'")
+        if (cuda, torch) in seen:
+            r.fail(key, f"{cuda}/{torch}", "this (cuda, torch) row is listed twice")
+        seen.add((cuda, torch))
+        arch_list = None
+        if row.get("arch_list") is not None:
+            arch_list = ArchList.parse(row["arch_list"], r.where, f"{key}.arch_list")
+            clamp(arch_list, cuda, defaults.toolkits, r.where, f"{key}.arch_list")
+        source = _read_source(r, row["source"], f"{key}.source") if row.get("source") is not None else None
+        out.append(Combination(cuda, torch, pythons, arch_list, source))
+    return tuple(out)
+
+
+def _read_env(r: _Reader, value) -> Mapping[str, str]:
+    data = r.mapping(value, "env")
+    out = {}
+    for name, text in data.items():
+        key = f"env.{name}"
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            r.fail(key, name, "not an environment variable name")
+        text = r.string(text, key, empty=True)
+        for body in _PLACEHOLDER.findall(text):
+            if body not in ENV_PLACEHOLDERS:
+                r.fail(key, text, f"unknown placeholder {{{body}}} (known: "
+                                  f"{', '.join('{' + p + '}' for p in ENV_PLACEHOLDERS)})")
+        out[name] = text
+    return frozen(out)
+
+
+def _read_patches(r: _Reader, value, name: str, recipes_folder: Path) -> tuple[Patch, ...]:
+    if not isinstance(value, list):
+        r.fail("patches", value, "expected a list of {file, when?}")
+    out = []
+    for i, item in enumerate(value):
+        key = f"patches[{i}]"
+        if isinstance(item, str):
+            item = {"file": item}
+        item = r.mapping(item, key)
+        r.known_keys(item, PATCH_KEYS, f"{key}.")
+        if "file" not in item:
+            r.fail(f"{key}.file", None, "missing required key")
+        file = r.string(item["file"], f"{key}.file")
+        folder = (recipes_folder / "patches" / name).resolve()
+        target = (folder / file).resolve()
+        if folder not in target.parents:
+            r.fail(f"{key}.file", file, f"must be a file under recipes/patches/{name}/")
+        if not target.is_file():
+            r.fail(f"{key}.file", file, f"no such file recipes/patches/{name}/{file}")
+        if not file.endswith((".patch", ".diff", ".py")):
+            r.fail(f"{key}.file", file, "expected a .patch/.diff (git apply) or a .py patch_script")
+        when = {}
+        if item.get("when") is not None:
+            cond = r.mapping(item["when"], f"{key}.when")
+            r.known_keys(cond, PATCH_WHEN_KEYS, f"{key}.when.")
+            if "platform" in cond:
+                when["platform"] = r.string_or_list(cond["platform"], f"{key}.when.platform")
+                for p in when["platform"]:
+                    if p not in PLATFORMS:
+                        r.fail(f"{key}.when.platform", p, f"unknown platform (expected {', '.join(PLATFORMS)})")
+            if "cuda" in cond:
+                when["cuda"] = r.string_or_list(cond["cuda"], f"{key}.when.cuda")
+        out.append(Patch(file, target, frozen(when)))
+    return tuple(out)
+
+
+def _read_extra_sources(r: _Reader, value) -> tuple[ExtraSource, ...]:
+    if not isinstance(value, list):
+        r.fail("extra_sources", value, "expected a list of {url, sha256, dest}")
+    out = []
+    for i, item in enumerate(value):
+        key = f"extra_sources[{i}]"
+        item = r.mapping(item, key)
+        r.known_keys(item, EXTRA_SOURCE_KEYS, f"{key}.")
+        for req in EXTRA_SOURCE_KEYS:
+            if req not in item:
+                r.fail(f"{key}.{req}", None, "missing required key")
+        dest = r.string(item["dest"], f"{key}.dest")
+        if Path(dest).is_absolute() or ".." in Path(dest).parts:
+            r.fail(f"{key}.dest", dest, "must be a relative path inside the source tree")
+        out.append(ExtraSource(_read_url(r, item["url"], f"{key}.url"), r.sha256(item["sha256"], f"{key}.sha256"), dest))
+    return tuple(out)
+
+
+def _read_system_packages(r: _Reader, value) -> Mapping[str, tuple[str, ...]]:
+    data = r.mapping(value, "system_packages")
+    r.known_keys(data, IMAGE_FAMILIES, "system_packages.")
+    return frozen({fam: r.strings(data[fam], f"system_packages.{fam}") for fam in IMAGE_FAMILIES if fam in data})
+
+
+def _read_expected_fail(r: _Reader, value) -> ExpectedFail:
+    data = r.mapping(value, "expected_fail")
+    r.known_keys(data, EXPECTED_FAIL_KEYS, "expected_fail.")
+    for req in ("cells", "reason"):
+        if req not in data:
+            r.fail(f"expected_fail.{req}", None, "missing required key")
+    until = None if data.get("until") is None else r.string(data["until"], "expected_fail.until")
+    return ExpectedFail(r.string_or_list(data["cells"], "expected_fail.cells"),
+                        r.string(data["reason"], "expected_fail.reason"), until)
+
+
+def _read_verify(r: _Reader, value) -> Verify:
+    data = r.mapping(value, "verify")
+    r.known_keys(data, VERIFY_KEYS, "verify.")
+    kw: dict = {}
+    for key in ("import_names", "extra_imports", "no_direct_import", "expect_ops", "allowed_needed"):
+        if key in data:
+            kw[key] = r.strings(data[key], f"verify.{key}")
+    for key in ("needs_driver", "allow_pure_python"):
+        if key in data:
+            kw[key] = r.boolean(data[key], f"verify.{key}")
+    for key in ("skip_import", "expect_device_error"):     # true, or a reason / message pattern
+        if key in data:
+            v = data[key]
+            kw[key] = v if isinstance(v, bool) else r.string(v, f"verify.{key}")
+    if "skip_arch" in data:
+        v = data["skip_arch"]
+        if not isinstance(v, str) or not v.strip():
+            r.fail("verify.skip_arch", v, "give the reason as a string (e.g. kernels compiled at run time by NVRTC)")
+        kw["skip_arch"] = v
+    if "allow_missing_archs" in data:
+        table = r.mapping(data["allow_missing_archs"], "verify.allow_missing_archs")
+        allowed = {}
+        for where_key, entry in table.items():
+            key = f"verify.allow_missing_archs.{where_key}"
+            if where_key not in (*PLATFORMS, X86_LANE, ARM_LANE):
+                r.fail(key, where_key, f"expected a platform ({', '.join(PLATFORMS)}) or lane ({X86_LANE}, {ARM_LANE})")
+            entry = r.mapping(entry, key)
+            r.known_keys(entry, ALLOW_MISSING_KEYS, f"{key}.")
+            if not isinstance(entry.get("reason"), str) or not entry["reason"].strip():
+                r.fail(f"{key}.reason", entry.get("reason"), "a missing arch needs its reason")
+            if "archs" not in entry:
+                r.fail(f"{key}.archs", None, "missing required key")
+            allowed[where_key] = AllowedMissing(ArchList.parse(entry["archs"], r.where, f"{key}.archs"), entry["reason"])
+        kw["allow_missing_archs"] = frozen(allowed)
+    return Verify(**kw)
+
+
+# ---------------------------------------------------------------- one recipe
+
+def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Iterable[str] | None = None,
+                grid=None, pcwm=None) -> Recipe:
+    """One recipe file, validated. `names`: every recipe name, to check cross-references (None: skip).
+
+    `grid` / `pcwm`: the derived grid and upstream matrix, to check package-wide arch lists against
+    exactly the lines the recipe builds (None: every supported line, which is stricter).
+    """
+    path = Path(path)
+    defaults = defaults or load_defaults()
+    r = _Reader(path)
+    data = _read_yaml(path)
+    if data is None:
+        r.fail(None, None, "empty recipe (needs at least name, source and links_torch)")
+    data = r.mapping(data, "(top)")
+    r.known_keys(data, TOP_KEYS)
+    for req in REQUIRED_KEYS:
+        if req not in data:
+            r.fail(req, None, "missing required key")
+
+    name = r.string(data["name"], "name")
+    if not _NAME.match(name):
+        r.fail("name", name, "use lowercase letters, digits and underscores (the name starts cell ids and wheels)")
+    if name != path.stem:
+        r.fail("name", name, f"must match the file name ({path.stem})")
+    kw: dict = {"name": name, "path": path.resolve(),
+                "source": _read_source(r, data["source"], "source"),
+                "links_torch": r.boolean(data["links_torch"], "links_torch")}
+
+    if data.get("version") is not None:
+        version = r.string(data["version"], "version")
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            r.fail("version", version, "not a PEP 440 version")
+        if parsed.local:
+            r.fail("version", version, "no local label: the farm adds +cuNNN[torchM.m] itself")
+        kw["version"] = version
+    if data.get("subdir") is not None:
+        subdir = r.string(data["subdir"], "subdir")
+        if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
+            r.fail("subdir", subdir, "must be a relative path inside the source tree")
+        kw["subdir"] = subdir
+    for key in ("submodules", "needs_patch"):
+        if key in data:
+            kw[key] = r.boolean(data[key], key)
+    kw["platforms"] = (_read_platforms(r, data["platforms"]) if "platforms" in data
+                       else tuple(defaults.grid_policy.platforms))
+    for key in ("min_torch", "max_torch"):
+        if data.get(key) is not None:
+            kw[key] = r.minor(data[key], key)
+    if kw.get("min_torch") and kw.get("max_torch") and vtuple(kw["min_torch"]) > vtuple(kw["max_torch"]):
+        r.fail("max_torch", kw["max_torch"], f"is below min_torch {kw['min_torch']}")
+    if "combinations" in data:
+        kw["combinations"] = _read_combinations(r, data["combinations"], defaults)
+    if "wheel_abi" in data:
+        abi = r.string(data["wheel_abi"], "wheel_abi")
+        if abi not in WHEEL_ABIS:
+            near = difflib.get_close_matches(abi, WHEEL_ABIS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            r.fail("wheel_abi", abi, f"expected one of {', '.join(WHEEL_ABIS)}{hint}")
+        kw["wheel_abi"] = abi
+
+    arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
+    for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
+        for cuda in (data.get(key) or {}):
+            if cuda not in defaults.grid_policy.supported_cudas:
+                r.fail(f"{key}[{cuda}]", cuda, f"not a supported CUDA line ({', '.join(defaults.grid_policy.supported_cudas)})")
+    kw["arch"] = arch
+    kw["arch_fallback"] = data.get("arch_fallback")
+    if kw.get("wheel_abi") == "pure" and any(data.get(k) for k in ARCH_KEYS[:4]):
+        r.fail(next(k for k in ARCH_KEYS[:4] if data.get(k)), None,
+               "a pure wheel carries no binaries: arch lists do not apply")
+
+    if "build_requires_farm" in data:
+        deps = r.strings(data["build_requires_farm"], "build_requires_farm")
+        if name in deps:
+            r.fail("build_requires_farm", name, "a recipe cannot require its own wheels")
+        kw["build_requires_farm"] = deps
+    if "extra_sources" in data:
+        kw["extra_sources"] = _read_extra_sources(r, data["extra_sources"])
+    if "system_packages" in data:
+        kw["system_packages"] = _read_system_packages(r, data["system_packages"])
+    if data.get("expected_fail") is not None:
+        kw["expected_fail"] = _read_expected_fail(r, data["expected_fail"])
+    if "build_deps" in data:
+        kw["build_deps"] = _read_requirements(r, data["build_deps"], "build_deps", placeholders=False)
+    if "cuda_components" in data:
+        comps = r.strings(data["cuda_components"], "cuda_components")
+        for c in comps:
+            if c not in CUDA_COMPONENTS:
+                near = difflib.get_close_matches(c, CUDA_COMPONENTS, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(CUDA_COMPONENTS)})"
+                r.fail("cuda_components", c, f"unknown toolkit component{hint}")
+        kw["cuda_components"] = comps
+    if "env" in data:
+        kw["env"] = _read_env(r, data["env"])
+    if data.get("pre_build") is not None:
+        kw["pre_build"] = r.string(data["pre_build"], "pre_build")
+    if "patches" in data:
+        kw["patches"] = _read_patches(r, data["patches"], name, path.parent)
+    for key in ("max_jobs", "nvcc_threads"):
+        if data.get(key) is not None:
+            kw[key] = r.positive(data[key], key)
+    if data.get("nvcc_flags") is not None:
+        kw["nvcc_flags"] = r.string(data["nvcc_flags"], "nvcc_flags")
+    if "requires_dist" in data:
+        kw["requires_dist"] = _read_requirements(r, data["requires_dist"], "requires_dist", placeholders=True)
+    if data.get("verify") is not None:
+        kw["verify"] = _read_verify(r, data["verify"])
+
+    recipe = Recipe(**kw)
+    if names is not None:
+        check_references(recipe, names)
+    _check_toolkits(recipe, defaults, grid, pcwm)
+    return recipe
+
+
+def check_references(recipe: Recipe, names: Iterable[str]) -> None:
+    """`{VER:x}`, `{LOCAL:x}` and `build_requires_farm` must name recipes that exist."""
+    names = set(names)
+    where = paths.display(recipe.path)
+    for i, req in enumerate(recipe.requires_dist or ()):
+        for ph, arg in _placeholders(req):
+            if arg and arg not in names:
+                near = difflib.get_close_matches(arg, names, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise BadInput(where, f"requires_dist[{i}]", req, f"{{{ph}:{arg}}} names no recipe{hint}")
+    for dep in recipe.build_requires_farm:
+        if dep not in names:
+            near = difflib.get_close_matches(dep, names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise BadInput(where, "build_requires_farm", dep, f"names no recipe{hint}")
+
+
+def _check_toolkits(recipe: Recipe, defaults: Defaults, grid, pcwm) -> None:
+    """Each lane's lists against the toolkits of the lines that lane builds (SPEC 4.6: an error, never a drop)."""
+    where = paths.display(recipe.path)
+    built = built_lines(recipe, defaults, grid, pcwm)
+    arch = recipe.arch
+    # check_toolkits walks both lanes with one set of lines: give it one lane at a time.
+    x86_only = replace(arch, arch_list_aarch64=None, arch_list_by_cuda_aarch64=frozen({}))
+    arm_only = replace(arch, arch_list=None, arch_list_by_cuda=frozen({}))
+    x86_only.check_toolkits(defaults, where, sorted(built[X86_LANE], key=vtuple))
+    arm_only.check_toolkits(defaults, where, sorted(built[ARM_LANE], key=vtuple))
+
+
+# ---------------------------------------------------------------- lines a recipe builds
+
+def built_lines(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> dict[str, set[str]]:
+    """CUDA lines the recipe builds, per lane: {'x86': {...}, 'aarch64': {...}}.
+
+    Own combinations if any (ARM only where the PCWM has that exact torch for the line, when a PCWM
+    is given); else the grid rows filtered by min/max_torch and the recipe's platforms. ARM only
+    where arch_policy_aarch64 has the line. Without a grid: every supported line.
+    """
+    plats = set(recipe.platforms)
+    x86_plats = [p for p in ("linux", "windows") if p in plats]
+    arm = "linux_aarch64" in plats
+    arm_rows = defaults.arch_policy.aarch64
+    out: dict[str, set[str]] = {X86_LANE: set(), ARM_LANE: set()}
+    if recipe.combinations:
+        for c in recipe.combinations:
+            for p in recipe.platforms:
+                if lane(p) == ARM_LANE and c.cuda not in arm_rows:
+                    continue
+                if pcwm is not None and not any(pcwm.has(c.cuda, c.torch, py, p) for py in c.pythons):
+                    continue
+                out[lane(p)].add(c.cuda)
+        return out
+    if grid is None:
+        lines = set(defaults.grid_policy.supported_cudas)
+        out[X86_LANE] = lines if x86_plats else set()
+        out[ARM_LANE] = {c for c in lines if c in arm_rows} if arm else set()
+        return out
+    for row in grid.rows:
+        if recipe.min_torch and vtuple(row.torch) < vtuple(recipe.min_torch):
+            continue
+        if recipe.max_torch and vtuple(row.torch) > vtuple(recipe.max_torch):
+            continue
+        if any(_pin(row, p) for p in x86_plats):
+            out[X86_LANE].add(row.cuda)
+        if arm and row.cuda in arm_rows and _pin(row, "linux_aarch64"):
+            out[ARM_LANE].add(row.cuda)
+    return out
+
+
+def _pin(row, platform: str) -> str | None:
+    pin = getattr(row, "pin", None)
+    return pin(platform) if callable(pin) else row.pins.get(platform)
+
+
+def _grid_module():
+    try:
+        from . import grid as grid_module
+    except ImportError:
+        return None
+    return grid_module
+
+
+def current_grid(defaults: Defaults):
+    """The derived grid, or None while farm/grid.py or defaults/grid.generated.yml does not exist yet."""
+    g = _grid_module()
+    if g is None or not (defaults.folder / g.GRID_FILE).exists():
+        return None
+    return g.load_grid(defaults.folder)
+
+
+def current_pcwm(defaults: Defaults):
+    """The scraped upstream matrix, or None while it does not exist yet."""
+    g = _grid_module()
+    if g is None or not (defaults.folder / g.PCWM_FILE).exists():
+        return None
+    return g.load_pcwm(defaults.folder)
+
+
+def _generated_files(defaults: Defaults) -> list[Path]:
+    g = _grid_module()
+    if g is None:
+        return []
+    return [defaults.folder / g.GRID_FILE, defaults.folder / g.PCWM_FILE]
+
+
+# ---------------------------------------------------------------- all recipes
+
+_CACHE: dict[tuple, dict[str, Recipe]] = {}
+
+
+def _fingerprint(folder: Path, defaults: Defaults) -> tuple:
+    files = sorted(folder.glob("*.yml"))
+    stamp = []
+    for f in [*files, *sorted((folder / "patches").rglob("*"))]:
+        st = f.stat()
+        stamp.append((str(f), st.st_mtime_ns, st.st_size))
+    generated = tuple(f.stat().st_mtime_ns if f.exists() else None for f in _generated_files(defaults))
+    return (str(folder), id(defaults), generated, tuple(stamp))
+
+
+def recipe_files(folder: Path | str | None = None) -> list[Path]:
+    folder = Path(folder or paths.recipes_dir())
+    return sorted(folder.glob("*.yml"))
+
+
+def load_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> dict[str, Recipe]:
+    """Every recipes/<name>.yml, validated with cross-references; cached per folder and file mtimes."""
+    folder = Path(folder or paths.recipes_dir()).resolve()
+    defaults = defaults or load_defaults()
+    key = _fingerprint(folder, defaults)
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return dict(cached)
+    files = recipe_files(folder)
+    names = [f.stem for f in files]
+    grid, pcwm = current_grid(defaults), current_pcwm(defaults)
+    recipes = {}
+    for f in files:
+        recipe = load_recipe(f, defaults, names, grid, pcwm)
+        recipes[recipe.name] = recipe
+    check_build_order(recipes)
+    _CACHE.clear()
+    _CACHE[key] = recipes
+    return dict(recipes)
+
+
+def check_build_order(recipes: Mapping[str, Recipe]) -> None:
+    """`build_requires_farm` must not loop (the planner orders cells by it)."""
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            loop = trail[trail.index(name):] + [name]
+            recipe = recipes[trail[-1]]
+            raise BadInput(paths.display(recipe.path), "build_requires_farm", name,
+                           f"build dependency loop: {' -> '.join(loop)}")
+        state[name] = 1
+        for dep in recipes[name].build_requires_farm:
+            if dep in recipes:
+                visit(dep, [*trail, name])
+        state[name] = 2
+
+    for name in sorted(recipes):
+        visit(name, [])
+
+
+# ---------------------------------------------------------------- `farm recipes check`
+
+def recipe_hazards(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> list[Hazard]:
+    """Fallback hazards (SPEC 4.6) of one recipe over the lines it builds, per lane."""
+    return fallback_hazards(recipe.name, recipe.arch, built_lines(recipe, defaults, grid, pcwm), defaults)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    folder: Path
+    recipes: Mapping[str, Recipe]            # the valid ones
+    errors: tuple[BadInput, ...]             # one per invalid recipe file
+    hazards: tuple[Hazard, ...]
+    used_grid: bool
+
+
+def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> CheckReport:
+    """Validate every recipe file on its own (so one bad file does not hide the others) and collect hazards."""
+    folder = Path(folder or paths.recipes_dir()).resolve()
+    defaults = defaults or load_defaults()
+    files = recipe_files(folder)
+    names = [f.stem for f in files]
+    grid, pcwm = current_grid(defaults), current_pcwm(defaults)
+    recipes, errors = {}, []
+    for f in files:
+        try:
+            recipes[f.stem] = load_recipe(f, defaults, names, grid, pcwm)
+        except FarmError as exc:
+            errors.append(exc)
+    try:
+        check_build_order(recipes)
+    except BadInput as exc:
+        errors.append(exc)
+    hazards = [h for name in sorted(recipes) for h in recipe_hazards(recipes[name], defaults, grid, pcwm)]
+    return CheckReport(folder, frozen(recipes), tuple(errors), tuple(hazards), grid is not None)
