@@ -1,0 +1,103 @@
+"""`farm publish`, `farm index rebuild|verify`, `farm prune`, `farm serve`: the wheelhouse (SPEC 10)."""
+
+from __future__ import annotations
+
+import sys
+
+from ..wheelhouse.paths import default_wheelhouse
+
+
+def _add_house(parser) -> None:
+    parser.add_argument("--wheelhouse", default=None,
+                        help="the wheelhouse folder (default: $FARM_WHEELHOUSE, else ./wheelhouse)")
+
+
+def _house(args):
+    return default_wheelhouse(args.wheelhouse)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("publish", help="publish wheels into the wheelhouse (manifest first, then pages)")
+    p.add_argument("wheels", nargs="+", metavar="WHEEL")
+    p.add_argument("--record", help="build record JSON (cell, build_key, arch_list, ...): one object, or a list "
+                                    "of objects each naming its 'wheel'")
+    _add_house(p)
+    p.set_defaults(func=publish_command)
+
+    p = sub.add_parser("index", help="regenerate or check the wheelhouse index")
+    isub = p.add_subparsers(dest="index_command", metavar="ACTION")
+    isub.required = True
+    r = isub.add_parser("rebuild", help="regenerate every page from manifest.jsonl, never reading a wheel")
+    r.add_argument("--allow-shrink", action="store_true",
+                   help="accept listing fewer wheels for a project or channel than the pages on disk do")
+    _add_house(r)
+    r.set_defaults(func=rebuild_command)
+    v = isub.add_parser("verify", help="re-hash every wheel and sidecar; follow every link of every page")
+    _add_house(v)
+    v.set_defaults(func=verify_command)
+
+    p = sub.add_parser("prune", help="delete yanked wheels (retention keeps 2 per cell) published before DATE")
+    p.add_argument("--before", required=True, metavar="DATE", help="e.g. 2026-05-01 or 2026-05-01T12:00:00Z")
+    _add_house(p)
+    p.set_defaults(func=prune_command)
+
+    p = sub.add_parser("serve", help="serve the wheelhouse over HTTP (PEP 503 HTML, PEP 691 JSON)")
+    _add_house(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    p.add_argument("--access-log", default=None, help="append the access log here (default: stderr)")
+    p.add_argument("--html-only", action="store_true", help="never answer with PEP 691 JSON")
+    p.set_defaults(func=serve_command)
+
+
+def publish_command(args) -> int:
+    from ..wheelhouse import publish
+
+    result = publish(args.wheels, _house(args), record=args.record)
+    for e in result.published:
+        print(f"published {e.project}/{e.file}")
+    for e in result.already:
+        print(f"already published {e.project}/{e.file} (same sha256; pages refreshed)")
+    print(f"{len(result.pages)} page(s) regenerated")
+    return 0
+
+
+def rebuild_command(args) -> int:
+    from ..wheelhouse import rebuild
+
+    result = rebuild(_house(args), allow_shrink=args.allow_shrink)
+    for file in result.missing:
+        print(f"dropped from the index (file missing): {file}", file=sys.stderr)
+    print(f"{result.pages} page(s), {result.wheels} wheel(s)")
+    return 0
+
+
+def verify_command(args) -> int:
+    from ..wheelhouse import verify
+
+    problems = verify(_house(args))
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"farm: {len(problems)} problem(s) in {_house(args)}", file=sys.stderr)
+        return 1
+    print("every wheel, sidecar and link checks out")
+    return 0
+
+
+def prune_command(args) -> int:
+    from ..wheelhouse import prune
+
+    result = prune(_house(args), args.before)
+    for file in result.removed:
+        print(f"pruned {file}")
+    for file in result.orphans:
+        print(f"removed leftover {file}")
+    return 0
+
+
+def serve_command(args) -> int:
+    from ..wheelhouse.serve import serve
+
+    serve(_house(args), host=args.host, port=args.port, access_log=args.access_log, negotiate=not args.html_only)
+    return 0

@@ -1,0 +1,22 @@
+"""The wheelhouse: a manifest-first, crash-safe PEP 503 index with per-(CUDA, torch) channels (SPEC 10).
+
+Public API:
+  publish(wheels, wheelhouse, record=None) -> PublishResult
+  rebuild(wheelhouse, allow_shrink=False) -> RebuildResult
+  verify(wheelhouse) -> list[str]                  (problems; empty when sound)
+  prune(wheelhouse, before) -> PruneResult
+  built_keys(wheelhouse) -> set[str]               (for `farm plan --missing`)
+  read_journal(wheelhouse).entries -> list[ManifestEntry]
+"""
+
+from .index import Config, House, ShrinkRefused, channel_root
+from .maintain import PruneResult, RebuildResult, built_keys, check_links, prune, rebuild, verify
+from .manifest import ManifestEntry, PublishConflict, read_journal
+from .names import WheelName, normalize, parse_wheel_name
+from .publish import PublishResult, publish
+
+__all__ = [
+    "Config", "House", "ManifestEntry", "PruneResult", "PublishConflict", "PublishResult", "RebuildResult",
+    "ShrinkRefused", "WheelName", "built_keys", "channel_root", "check_links", "normalize", "parse_wheel_name",
+    "prune", "publish", "read_journal", "rebuild", "verify",
+]

@@ -1,0 +1,404 @@
+"""Index pages from the manifest: PEP 503 HTML + PEP 691 JSON, channels, the comfy-env view, packages.json.
+
+Every page is a pure function of the journal (plus the optional
+`config.json`), so `rebuild` and an incremental publish produce the same
+bytes. Nothing here opens a wheel: hashes, sizes and Requires-Python come
+from the manifest (SPEC 10).
+
+Layout (relative to the wheelhouse):
+  files/<project>/<wheel>[.metadata]
+  simple/[<project>/]index.{html,json}                 every wheel
+  cu<NNN>/torch<M.m>/[<project>/]index.{html,json}     one channel, a PEP 503 root
+  compat/comfy-env/[<hyphen-name>/]index.html          comfy-env's matcher view
+  packages.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from urllib.parse import quote
+
+from ..errors import BadInput, FarmError
+from ..paths import display
+from ..versions import cuda_tag, vtuple
+from .manifest import KEEP_PER_CELL, Journal, ManifestEntry, fsync_dir, step
+from .names import hyphen_name
+
+SIMPLE = "simple"
+COMPAT = "compat/comfy-env"
+PACKAGES = "packages.json"
+CONFIG = "config.json"
+FILES = "files"
+API_VERSION = "1.1"
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+# Platforms a platform-independent wheel is repeated under in the comfy-env view.
+ANY_PLATFORMS = ("linux_x86_64", "linux_aarch64", "win_amd64")
+
+
+class ShrinkRefused(FarmError):
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """Optional `config.json` in the wheelhouse.
+
+    file_base_url: hrefs point there (object storage, release assets) instead of ../files/.
+    channels: [["12.8", "2.8"], ...] channels that exist even before a torch-linked wheel lands in them,
+              so torch-free wheels of that CUDA line are listed there (e.g. the grid's rows).
+    """
+
+    file_base_url: str | None = None
+    channels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def load(cls, root: Path) -> Config:
+        path = Path(root) / CONFIG
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return cls()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(display(path), None, None, f"not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadInput(display(path), None, None, "expected a JSON object")
+        base = data.get("file_base_url")
+        if base is not None and not (isinstance(base, str) and base.startswith(("http://", "https://"))):
+            raise BadInput(display(path), "file_base_url", base, "expected an http(s) URL")
+        channels = []
+        for item in data.get("channels", []):
+            try:
+                cuda, torch = item
+                vtuple(cuda), vtuple(torch)
+            except (ValueError, TypeError):
+                raise BadInput(display(path), "channels", item, "expected [cuda, torch minor], e.g. ['12.8', '2.8']") from None
+            channels.append((cuda, torch))
+        return cls(base.rstrip("/") if base else None, tuple(channels))
+
+
+def channel_root(cuda: str, torch: str) -> str:
+    return f"{cuda_tag(cuda)}/torch{torch}"
+
+
+@dataclass
+class House:
+    """The journal's live entries with what derives from them: yanks and the channels of each CUDA line."""
+
+    entries: list[ManifestEntry]
+    config: Config = field(default_factory=Config)
+    yanked: dict[str, str] = field(default_factory=dict)         # file -> reason
+    lines: dict[str, list[str]] = field(default_factory=dict)    # cuda -> torch minors with a channel
+
+    @classmethod
+    def derive(cls, entries: Iterable[ManifestEntry], config: Config | None = None) -> House:
+        entries = list(entries)
+        house = cls(entries, config or Config())
+        by_cell: dict[tuple[str, str], list[ManifestEntry]] = defaultdict(list)
+        lines: dict[str, set[str]] = defaultdict(set)
+        for e in entries:  # publish order: the journal's order
+            by_cell[(e.project, e.cell)].append(e)
+            if e.torch:
+                lines[e.cuda].add(e.torch)
+        for cuda, torch in house.config.channels:
+            lines[cuda].add(torch)
+        for (_, cell), group in by_cell.items():
+            for old in group[:-KEEP_PER_CELL]:
+                house.yanked[old.file] = f"superseded: retention keeps the last {KEEP_PER_CELL} builds of {cell}"
+        house.lines = {c: sorted(ts, key=vtuple) for c, ts in lines.items()}
+        return house
+
+    def channels_of(self, e: ManifestEntry) -> list[tuple[str, str]]:
+        if e.torch:
+            return [(e.cuda, e.torch)]
+        return [(e.cuda, t) for t in self.lines.get(e.cuda, ())]
+
+    def channels(self) -> list[tuple[str, str]]:
+        return [(c, t) for c in sorted(self.lines, key=vtuple) for t in self.lines[c]]
+
+
+def _file_href(house: House, e: ManifestEntry, prefix: str) -> str:
+    rel = f"{quote(e.project, safe='')}/{quote(e.file, safe='')}"
+    return f"{house.config.file_base_url}/{rel}" if house.config.file_base_url else f"{prefix}{FILES}/{rel}"
+
+
+def _doc(title: str, body: list[str]) -> bytes:
+    return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<meta name=\"pypi:repository-version\" content=\"{API_VERSION}\">\n"
+            f"<title>{escape(title)}</title>\n</head>\n<body>\n<h1>{escape(title)}</h1>\n"
+            + "".join(line + "\n" for line in body) + "</body>\n</html>\n").encode("utf-8")
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+class Site:
+    """Every index page of one House: a signature per page (to find what changed) and its rendering."""
+
+    def __init__(self, house: House):
+        self.house = house
+        # page key (folder relative to the wheelhouse) -> ("root"|"project"|"compat"|"compat-root", data)
+        self.kind: dict[str, str] = {}
+        self.listing: dict[str, list] = {}
+        roots: dict[str, dict[str, list[ManifestEntry]]] = defaultdict(lambda: defaultdict(list))
+        compat: dict[str, list[tuple[str, ManifestEntry]]] = defaultdict(list)
+        for e in house.entries:
+            roots[SIMPLE][e.project].append(e)
+            for cuda, torch in house.channels_of(e):
+                roots[channel_root(cuda, torch)][e.project].append(e)
+            if e.file not in house.yanked:  # comfy-env cannot read data-yanked; it only sees what it may pick
+                anchors = self._compat_anchors(e)
+                for folder in {hyphen_name(e.name), e.project}:
+                    compat[folder].extend((a, e) for a in anchors)
+        for root, projects in roots.items():
+            self.kind[root] = "root"
+            self.listing[root] = sorted(projects)
+            for project, entries in projects.items():
+                key = f"{root}/{project}"
+                self.kind[key] = "project"
+                self.listing[key] = sorted(entries, key=lambda e: e.file)
+        if compat:
+            self.kind[COMPAT] = "compat-root"
+            self.listing[COMPAT] = sorted(compat)
+            for folder, pairs in compat.items():
+                key = f"{COMPAT}/{folder}"
+                self.kind[key] = "compat"
+                self.listing[key] = sorted({(a, e.file): (a, e) for a, e in pairs}.values(), key=lambda p: p[0])
+
+    # ------------------------------------------------------------ comfy-env
+
+    def _compat_anchors(self, e: ManifestEntry) -> list[str]:
+        """Anchor texts comfy-env's matcher needs: +cuNNNtorchM.m, cpXY and a Linux / win_amd64 platform.
+
+        A cpXY-cpXY torch-linked wheel is listed under its own name. Torch-free
+        wheels are repeated under each torch label of their CUDA line, abi3 and
+        py3-none wheels under each Python they serve, platform-independent ones
+        under each platform; the href always goes to the real file.
+        """
+        if e.torch and e.abi_tag not in ("abi3", "none") and e.platform_tag != "any":
+            return [e.file]
+        public = e.version.split("+", 1)[0]
+        build = f"-{e.build_tag}" if e.build_tag else ""
+        cu = cuda_tag(e.cuda)
+        torches = [e.torch] if e.torch else self.house.lines.get(e.cuda, [])
+        if e.abi_tag in ("abi3", "none"):
+            pytags = ["cp" + p.replace(".", "") for p in e.pythons] or [e.python_tag]
+        else:
+            pytags = [e.python_tag]
+        platforms = ANY_PLATFORMS if e.platform_tag == "any" else (e.platform_tag,)
+        return [f"{e.name}-{public}+{cu}torch{t}{build}-{py}-{e.abi_tag}-{plat}.whl"
+                for t in torches for py in pytags for plat in platforms]
+
+    # ------------------------------------------------------------ signatures
+
+    def signatures(self) -> dict[str, tuple]:
+        sig = {}
+        y = self.house.yanked
+        for key, kind in self.kind.items():
+            items = self.listing[key]
+            if kind == "project":
+                sig[key] = tuple((e.file, e.sha256, y.get(e.file)) for e in items)
+            elif kind == "compat":
+                sig[key] = tuple((a, e.file, e.sha256) for a, e in items)
+            else:
+                sig[key] = tuple(items)
+        return sig
+
+    def counts(self) -> dict[str, int]:
+        """Wheels listed per project page and per root (for refuse-to-shrink)."""
+        out: dict[str, int] = {}
+        for key, kind in self.kind.items():
+            if kind == "project":
+                out[key] = len(self.listing[key])
+                root = key.rsplit("/", 1)[0]
+                out[root] = out.get(root, 0) + len(self.listing[key])
+        return out
+
+    # ------------------------------------------------------------ rendering
+
+    def render(self, key: str) -> dict[str, bytes]:
+        """Files (relative to the wheelhouse) of one page."""
+        kind = self.kind[key]
+        items = self.listing[key]
+        prefix = "../" * (key.count("/") + 1)
+        if kind in ("root", "compat-root"):
+            title = "Simple index" if kind == "root" else "comfy-env view"
+            body = [f'<a href="{escape(quote(p, safe=""))}/">{escape(p)}</a><br>' for p in items]
+            out = {f"{key}/index.html": _doc(title, body)}
+            if kind == "root":
+                out[f"{key}/index.json"] = _json({"meta": {"api-version": API_VERSION},
+                                                  "projects": [{"name": p} for p in items]})
+            return out
+        project = key.rsplit("/", 1)[1]
+        if kind == "compat":
+            # No #sha256 fragment: comfy-env's matcher wants hrefs that end in .whl.
+            body = [f'<a href="{escape(_file_href(self.house, e, prefix))}">{escape(a)}</a><br>' for a, e in items]
+            return {f"{key}/index.html": _doc(f"Links for {project}", body)}
+        y = self.house.yanked
+        body, files = [], []
+        for e in items:
+            href = _file_href(self.house, e, prefix)
+            md = f"sha256={e.metadata_sha256}"
+            attrs = [f'href="{escape(href)}#sha256={escape(e.sha256)}"']
+            if e.requires_python:
+                attrs.append(f'data-requires-python="{escape(e.requires_python)}"')
+            attrs += [f'data-dist-info-metadata="{md}"', f'data-core-metadata="{md}"']
+            if e.file in y:
+                attrs.append(f'data-yanked="{escape(y[e.file])}"')
+            body.append(f"<a {' '.join(attrs)}>{escape(e.file)}</a><br>")
+            files.append({
+                "filename": e.file, "url": href, "hashes": {"sha256": e.sha256},
+                "requires-python": e.requires_python,
+                "core-metadata": {"sha256": e.metadata_sha256},
+                "dist-info-metadata": {"sha256": e.metadata_sha256},
+                "yanked": y.get(e.file, False), "size": e.size, "upload-time": e.published or None,
+            })
+        versions = sorted({e.version for e in items})
+        return {
+            f"{key}/index.html": _doc(f"Links for {project}", body),
+            f"{key}/index.json": _json({"meta": {"api-version": API_VERSION}, "name": project,
+                                        "versions": versions, "files": files}),
+        }
+
+    def packages(self) -> bytes:
+        h = self.house
+        wheels = []
+        for e in sorted(h.entries, key=lambda e: (e.project, e.file)):
+            wheels.append({
+                "file": e.file, "url": _file_href(h, e, ""), "project": e.project, "name": e.name,
+                "version": e.version, "cuda": e.cuda, "torch": e.torch, "python": e.python_tag,
+                "pythons": list(e.pythons), "abi": e.abi_tag, "platform": e.platform,
+                "platform_tag": e.platform_tag, "arch_list": e.arch_list, "sha256": e.sha256,
+                "size": e.size, "build_key": e.build_key, "cell": e.cell,
+                "requires_python": e.requires_python, "yanked": h.yanked.get(e.file, False),
+                "published": e.published,
+                "channels": [channel_root(c, t) + "/" for c, t in h.channels_of(e)],
+            })
+        return _json({"channels": [{"cuda": c, "torch": t, "url": channel_root(c, t) + "/"}
+                                   for c, t in h.channels()],
+                      "wheels": wheels})
+
+
+# ---------------------------------------------------------------- writing
+
+def write_file(root: Path, rel: str, data: bytes) -> None:
+    """Atomic page write: temporary name in the same folder, fsync, rename."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    step(f"page {rel}")
+
+
+def _page_files(key: str, kind: str) -> list[str]:
+    return [f"{key}/index.html"] + ([f"{key}/index.json"] if kind in ("root", "project") else [])
+
+
+def write_pages(root: Path, site: Site, keys: Iterable[str]) -> int:
+    """Write the given pages, leaf pages before the roots that link them. Returns the number of files."""
+    keys = set(keys)
+    n = 0
+    for key in sorted(keys, key=lambda k: site.kind[k] in ("root", "compat-root")):
+        for rel, data in site.render(key).items():
+            write_file(root, rel, data)
+            n += 1
+    return n
+
+
+def remove_pages(root: Path, keys: Iterable[str], kinds: dict[str, str]) -> None:
+    for key in keys:
+        for rel in _page_files(key, kinds.get(key, "project")):
+            (root / rel).unlink(missing_ok=True)
+        try:
+            (root / key).rmdir()
+        except OSError:
+            pass
+
+
+def update(root: Path, before: Site | None, after: Site, force_files: set[str] = frozenset()) -> list[str]:
+    """Regenerate only the pages whose listing changed (plus those listing `force_files`); returns their keys.
+
+    Stale pages (listed before, empty now) are removed after the pages that
+    linked them are rewritten.
+    """
+    old = before.signatures() if before else {}
+    new = after.signatures()
+    changed = {k for k, s in new.items() if old.get(k) != s}
+    if force_files:
+        for key, kind in after.kind.items():
+            if kind == "project" and any(e.file in force_files for e in after.listing[key]):
+                changed.add(key)
+            elif kind == "compat" and any(e.file in force_files for _, e in after.listing[key]):
+                changed.add(key)
+        for e in after.house.entries:  # and the roots above them: a crash may have cut those too
+            if e.file in force_files:
+                roots = [SIMPLE, COMPAT] + [channel_root(c, t) for c, t in after.house.channels_of(e)]
+                changed.update(k for k in roots if k in after.kind)
+    write_pages(root, after, changed)
+    write_file(root, PACKAGES, after.packages())
+    stale = [k for k in old if k not in new]
+    if stale:
+        remove_pages(root, stale, before.kind)
+    return sorted(changed)
+
+
+def existing_counts(root: Path) -> dict[str, int]:
+    """Wheels listed now on disk, per project page and per root, counted from the pages themselves."""
+    out: dict[str, int] = {}
+    candidates = list(root.glob(f"{SIMPLE}/*/index.html")) + list(root.glob("cu*/torch*/*/index.html"))
+    for page in candidates:
+        key = page.parent.relative_to(root).as_posix()
+        n = page.read_bytes().count(b"<a ")
+        out[key] = n
+        parent = key.rsplit("/", 1)[0]
+        out[parent] = out.get(parent, 0) + n
+    return out
+
+
+def existing_page_keys(root: Path) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for pattern, kind in ((f"{SIMPLE}/*/index.html", "project"), ("cu*/torch*/*/index.html", "project"),
+                          (f"{COMPAT}/*/index.html", "compat"), (f"{SIMPLE}/index.html", "root"),
+                          ("cu*/torch*/index.html", "root"), (f"{COMPAT}/index.html", "compat-root")):
+        for page in root.glob(pattern):
+            keys[page.parent.relative_to(root).as_posix()] = kind
+    return keys
+
+
+def rebuild_pages(root: Path, journal: Journal, allow_shrink: bool = False) -> tuple[Site, list[str]]:
+    """All pages from the journal, statting (never reading) each wheel. Caller holds the lock."""
+    config = Config.load(root)
+    present, missing = [], []
+    for e in journal.entries:
+        folder = root / FILES / e.project
+        if os.path.exists(folder / e.file) and os.path.exists(folder / (e.file + ".metadata")):
+            present.append(e)
+        else:
+            missing.append(e.file)
+    site = Site(House.derive(present, config))
+    before = existing_counts(root)
+    after = site.counts()
+    shrinks = [(k, n, after.get(k, 0)) for k, n in sorted(before.items()) if after.get(k, 0) < n]
+    if shrinks and not allow_shrink:
+        key, was, now = shrinks[0]
+        more = f" (and {len(shrinks) - 1} more)" if len(shrinks) > 1 else ""
+        why = f"; {len(missing)} manifest wheel(s) missing from files/, e.g. {missing[0]}" if missing else ""
+        raise ShrinkRefused(f"{display(root)}: index rebuild would list fewer wheels in {key}: "
+                            f"{was} -> {now}{more}{why}; nothing written (pass --allow-shrink to accept)")
+    on_disk = existing_page_keys(root)
+    write_pages(root, site, site.kind)
+    write_file(root, PACKAGES, site.packages())
+    stale = [k for k in on_disk if k not in site.kind]
+    remove_pages(root, stale, on_disk)
+    fsync_dir(root)
+    return site, missing

@@ -1,0 +1,246 @@
+"""Publishing wheels into the wheelhouse (SPEC 10), crash-safe and concurrent-safe.
+
+Order of writes, each one leaving an index whose every link resolves:
+1. every wheel is validated first (name, label, METADATA, build record): a bad one stops all, nothing written;
+2. each wheel is copied under a temporary dot-name in files/<project>/ while hashing, and fsynced
+   (outside the lock: the slow part runs in parallel with other publishers);
+3. under the exclusive lock: the `.metadata` sidecar (byte-identical to the wheel's METADATA) is written
+   atomically, the wheel renamed into place, the folder fsynced, the journal record appended and fsynced;
+4. still under the lock, only the pages whose listing changed are regenerated from the journal.
+A crash before 3 leaves temporaries nothing links; between 3 and 4 the pages are stale but complete, and
+publishing the same wheel again (a no-op on the journal) rewrites its pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from ..errors import BadInput
+from ..paths import display
+from ..versions import minor_of
+from .index import FILES, Config, House, Site, update
+from .manifest import ManifestEntry, PublishConflict, append_records, fsync_dir, locked, read_journal, step
+from .names import WheelName, normalize, parse_wheel_name, served_pythons
+
+CHUNK = 1 << 20
+# Build-record fields with a place of their own in the entry; other short scalars go to `extra`.
+_RECORD_KEYS = {"wheel", "cell", "build_key", "arch_list", "pythons"}
+
+
+@dataclass
+class PublishResult:
+    published: list[ManifestEntry] = field(default_factory=list)   # new in the journal
+    already: list[ManifestEntry] = field(default_factory=list)     # same bytes were already published
+    pages: list[str] = field(default_factory=list)                 # page keys regenerated
+
+
+@dataclass
+class _Prepared:
+    source: Path
+    name: WheelName
+    metadata: bytes
+    requires_python: str | None
+    record: dict
+    metadata_name: str = ""
+    temp: Path | None = None
+    sha256: str = ""
+    size: int = 0
+
+
+def read_metadata(wheel: Path, wn: WheelName) -> tuple[bytes, str, str | None]:
+    """The wheel's METADATA bytes, Name and Requires-Python; Name and Version must agree with the file name."""
+    where = display(wheel)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            candidates = [n for n in zf.namelist()
+                          if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(candidates) != 1:
+                raise BadInput(where, "METADATA", candidates or None,
+                               "expected exactly one <name>-<version>.dist-info/METADATA")
+            data = zf.read(candidates[0])
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BadInput(where, None, None, f"not a readable wheel (zip) file: {exc}") from None
+    headers = BytesHeaderParser().parsebytes(data)
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or normalize(name) != wn.project:
+        raise BadInput(where, "METADATA Name", name, f"does not match the file name's project {wn.project!r}")
+    try:
+        same = Version(version or "") == Version(wn.version)
+    except InvalidVersion:
+        same = False
+    if not same:
+        raise BadInput(where, "METADATA Version", version, f"does not match the file name's version {wn.version!r}")
+    requires = headers.get("Requires-Python")
+    return data, name.strip(), (requires.strip() if requires else None)
+
+
+def load_records(record, wheels: list[Path]) -> dict[str, dict]:
+    """Build records per wheel file name.
+
+    `record` is None, a dict, a list of dicts, or a path to a JSON file holding
+    either. A single record without "wheel" applies to a single wheel only.
+    """
+    where = "build record"
+    if isinstance(record, (str, os.PathLike)):
+        where = display(record)
+        try:
+            record = json.loads(Path(record).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BadInput(where, None, None, "file not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(where, None, None, f"not JSON: {exc}") from None
+    if record is None:
+        return {}
+    items = record if isinstance(record, list) else [record]
+    out: dict[str, dict] = {}
+    for item in items:
+        if not isinstance(item, dict):
+            raise BadInput(where, None, item, "a build record is a JSON object")
+        file = item.get("wheel")
+        if file is None:
+            if len(wheels) != 1 or len(items) != 1:
+                raise BadInput(where, "wheel", None, "name the wheel file each record belongs to when publishing several")
+            file = wheels[0].name
+        out[Path(file).name] = item
+    unknown = set(out) - {w.name for w in wheels}
+    if unknown:
+        raise BadInput(where, "wheel", sorted(unknown)[0], "this record names no wheel being published")
+    return out
+
+
+def _check_record(where: str, wn: WheelName, rec: dict) -> None:
+    if "cuda" in rec and str(rec["cuda"]) != wn.cuda:
+        raise BadInput(where, "cuda", rec["cuda"], f"the wheel's label says CUDA {wn.cuda}")
+    if wn.torch and "torch" in rec and minor_of(str(rec["torch"])) != wn.torch:
+        raise BadInput(where, "torch", rec["torch"], f"the wheel's label says torch {wn.torch}")
+    for key in ("cell", "build_key"):
+        if key in rec and not (isinstance(rec[key], str) and rec[key]):
+            raise BadInput(where, key, rec[key], "expected a non-empty string")
+    if "pythons" in rec and not (isinstance(rec["pythons"], list) and all(isinstance(p, str) for p in rec["pythons"])):
+        raise BadInput(where, "pythons", rec["pythons"], "expected a list of Python versions like ['3.10', '3.11']")
+
+
+def _prepare(wheel: Path, rec: dict) -> _Prepared:
+    wn = parse_wheel_name(wheel.name, display(wheel))
+    if not wheel.is_file():
+        raise BadInput(display(wheel), None, None, "file not found")
+    metadata, name, requires = read_metadata(wheel, wn)
+    _check_record(f"build record of {wheel.name}", wn, rec)
+    return _Prepared(wheel, wn, metadata, requires, rec, metadata_name=name)
+
+
+def _stage(root: Path, p: _Prepared) -> None:
+    """Copy under a temporary dot-name next to its final place, hashing on the way; fsync."""
+    folder = root / FILES / p.name.project
+    folder.mkdir(parents=True, exist_ok=True)
+    p.temp = folder / f".{p.name.file}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    digest = hashlib.sha256()
+    size = 0
+    with open(p.source, "rb") as src, open(p.temp, "wb") as dst:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+    p.sha256, p.size = digest.hexdigest(), size
+    step(f"staged {p.name.file}")
+
+
+def _entry(p: _Prepared, now: str, host: str) -> ManifestEntry:
+    wn, rec = p.name, p.record
+    arch = rec.get("arch_list")
+    if isinstance(arch, list):
+        arch = " ".join(str(a) for a in arch)
+    extra = {k: v for k, v in rec.items()
+             if k not in _RECORD_KEYS and isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200}
+    return ManifestEntry(
+        file=wn.file, project=wn.project, name=p.metadata_name, version=wn.version, build_tag=wn.build_tag,
+        python_tag=wn.python_tag, abi_tag=wn.abi_tag, platform_tag=wn.platform_tag, cuda=wn.cuda,
+        torch=wn.torch, platform=wn.platform,
+        pythons=tuple(rec["pythons"]) if rec.get("pythons") else served_pythons(wn, p.requires_python),
+        size=p.size, sha256=p.sha256, metadata_sha256=hashlib.sha256(p.metadata).hexdigest(),
+        requires_python=p.requires_python, cell=rec.get("cell") or wn.cell_id(),
+        build_key=rec.get("build_key"), arch_list=arch, published=now, host=host, extra=extra,
+    )
+
+
+def _place(root: Path, p: _Prepared) -> None:
+    """Sidecar first (atomically), then the wheel: a listed wheel always has its sidecar."""
+    folder = root / FILES / p.name.project
+    sidecar = folder / f"{p.name.file}.metadata"
+    tmp = folder / f".{sidecar.name}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(p.metadata)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, sidecar)
+    step(f"sidecar {sidecar.name}")
+    os.replace(p.temp, folder / p.name.file)
+    p.temp = None
+    fsync_dir(folder)
+    step(f"placed {p.name.file}")
+
+
+def publish(wheels, wheelhouse, record=None) -> PublishResult:
+    """Publish wheel files into the wheelhouse. `record`: build record(s) (see load_records)."""
+    root = Path(wheelhouse)
+    paths = [Path(w) for w in wheels]
+    seen: dict[str, Path] = {}
+    for w in paths:
+        if w.name in seen:
+            raise BadInput(display(w), None, None, f"the same wheel name is given twice (also {display(seen[w.name])})")
+        seen[w.name] = w
+    records = load_records(record, paths)
+    prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
+    result = PublishResult()
+    try:
+        for p in prepared:
+            _stage(root, p)
+        with locked(root):
+            step("locked")
+            journal = read_journal(root)
+            config = Config.load(root)
+            live = journal.by_file()
+            fresh, repeat = [], []
+            for p in prepared:
+                old = live.get(p.name.file)
+                if old is None:
+                    fresh.append(p)
+                elif old.sha256 != p.sha256:
+                    raise PublishConflict(
+                        f"{display(p.source)}: {p.name.file} is already published with other bytes "
+                        f"(sha256 {old.sha256[:12]}..., this one {p.sha256[:12]}...); a rebuild needs a higher build number")
+                else:
+                    repeat.append((p, old))
+            for p, old in repeat:  # same bytes: restore what a crash may have lost, then only pages
+                folder = root / FILES / old.project
+                if not (folder / old.file).exists() or not (folder / f"{old.file}.metadata").exists():
+                    _place(root, p)
+                result.already.append(old)
+            before = Site(House.derive(journal.entries, config))
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            host = socket.gethostname()
+            new_entries = [_entry(p, now, host) for p in fresh]
+            for p in fresh:
+                _place(root, p)
+            append_records(root, (e.to_json() for e in new_entries))
+            result.published = new_entries
+            after = Site(House.derive(journal.entries + new_entries, config))
+            result.pages = update(root, before, after, {e.file for e in result.already})
+            step("pages written")
+    finally:
+        for p in prepared:
+            if p.temp is not None:
+                p.temp.unlink(missing_ok=True)
+    return result
