@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "farm.commands.arch",
     "farm.commands.coverage",
     "farm.commands.recipes",
+    "farm.commands.wheelhouse",
 )
 
 
