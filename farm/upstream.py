@@ -26,7 +26,7 @@ from .versions import cuda_from_tag, cuda_tag, python_from_tag, vtuple
 from .yamlio import write_atomic
 
 TIMEOUT = (5.0, 30.0)        # connect, read (seconds)
-CONNECT_RETRIES = 2          # a refused or reset connection is retried; an HTTP answer is not
+RETRIES = 2                  # a refused, reset or dropped connection is retried; an HTTP answer is not
 _LINE = re.compile(r"cu\d{2,}")
 _FINAL = re.compile(r"\d+(\.\d+)*(\.post\d+)?")
 _CPYTHON = re.compile(r"cp(\d)(\d+)")
@@ -119,10 +119,12 @@ class Scrape:
 class Fetcher:
     """GET with a timeout and retries on connection errors; anything but 200 is UpstreamUnreadable."""
 
-    def __init__(self, timeout=TIMEOUT, retries: int = CONNECT_RETRIES):
+    def __init__(self, timeout=TIMEOUT, retries: int = RETRIES):
         self.timeout = timeout
         self.session = requests.Session()
-        retry = Retry(total=retries, connect=retries, read=0, status=0, other=0, redirect=5,
+        # GETs of index pages are idempotent: a connection that fails or drops before the answer
+        # (connect/read errors) is retried; an HTTP status is an answer and is never retried
+        retry = Retry(total=retries, connect=retries, read=retries, status=0, other=0, redirect=5,
                       backoff_factor=0.2, raise_on_status=False)
         adapter = HTTPAdapter(max_retries=retry)
         self.session.mount("http://", adapter)

@@ -3,7 +3,8 @@
 The replay lives in <project>/../shared/upstream-replay (override with
 FARM_SHARED) and is never copied into the project; tests that need a changed
 index copy it into a temporary folder. `statuses` makes chosen paths answer
-with an HTTP error, as a broken upstream would.
+with an HTTP error and `drop_once` drops a first request, as a broken or flaky
+upstream would.
 
 As a command: `python tests/replay_server.py [FOLDER] -- CMD ARGS...` serves
 FOLDER (default: the replay) on a free port and runs CMD with `{url}` in its
@@ -21,7 +22,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,7 +34,12 @@ REPLAY = SHARED / "upstream-replay"
 
 class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self):
-        code = self.server.statuses.get(urlsplit(self.path).path)
+        path = urlsplit(self.path).path
+        if path in self.server.drop_once:     # close without an answer, once: a flaky connection
+            self.server.drop_once.discard(path)
+            self.close_connection = True
+            return
+        code = self.server.statuses.get(path)
         if code:
             self.send_error(code)
             return
@@ -44,12 +50,18 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(folder: Path | str = REPLAY, statuses: Mapping[str, int] | None = None) -> Iterator[str]:
-    """Serve `folder` on a free loopback port; yields the base URL `http://127.0.0.1:<port>/`."""
+def serve(folder: Path | str = REPLAY, statuses: Mapping[str, int] | None = None,
+          drop_once: Iterable[str] = ()) -> Iterator[str]:
+    """Serve `folder` on a free loopback port; yields the base URL `http://127.0.0.1:<port>/`.
+
+    `statuses`: URL path -> HTTP error code; `drop_once`: URL paths whose first request is
+    dropped without an answer.
+    """
     if not Path(folder).is_dir():
         raise FileNotFoundError(f"no folder to serve: {folder}")
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(folder)))
     server.statuses = dict(statuses or {})
+    server.drop_once = set(drop_once)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
