@@ -1,0 +1,132 @@
+"""Where build steps run. Both runners run the SAME entrypoint, `python -m farm.steps <args>`
+(SPEC 8.1); they differ only in mounts, limits and network:
+
+- `container` (farm/runners/container.py): the builder image through the engine; every
+  mount is a bind mount at its target; limits are enforced; network=False is
+  `--network=none`.
+- `host` (farm/runners/host.py): this machine; a mount's step-side path is its host
+  path (targets are ignored); no limits; network=False is a new network namespace
+  (`unshare -n`) when root, else the network stays open and that is recorded.
+
+The pipeline calls, per phase:
+
+    runner = get_runner("container" | "host" | None, arch="x86_64")
+    mounts = runner.standard_mounts(work=..., out=...)           # + runner.python(v)[1]
+    code, log = runner.run_step(["compile", cell_id], env, mounts, network=False, log_path=...)
+    record["runner"] = runner.describe()
+
+and writes every path it passes in argv/env as `runner.inside(path, mounts)`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from ..engine import Limits, Mount
+from ..paths import PROJECT_ROOT, cache_dir
+
+__all__ = ["Mount", "Limits", "StepResult", "Runner", "get_runner", "RUNNER_KINDS",
+           "PROJECT_TARGET", "WORK_TARGET", "OUT_TARGET", "CACHE_TARGET", "STANDARD_CACHES"]
+
+RUNNER_KINDS = ("container", "host")
+ENTRYPOINT_MODULE = "farm.steps"
+# The step-side layout inside a container (the image creates these folders).
+PROJECT_TARGET = "/farm/project"
+WORK_TARGET = "/farm/work"
+OUT_TARGET = "/farm/out"
+CACHE_TARGET = "/farm/cache"
+# Cache folders under cache_dir() a build step reads or fills.
+STANDARD_CACHES = ("toolkits", "envs", "downloads", "ccache", "sources")
+
+
+class StepResult(NamedTuple):
+    exit_code: int
+    log_path: Path
+
+
+class Runner:
+    """What both runners share; subclasses implement _execute() and describe()."""
+
+    kind = ""
+    # What network=False achieves: "none" (container), "namespace" (host, root) or "open".
+    network_isolation = "open"
+
+    def __init__(self, entrypoint: str = ENTRYPOINT_MODULE):
+        self.entrypoint = entrypoint
+
+    # ----- the one call per phase ------------------------------------------------
+
+    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts: list[Mount] = (),
+                 network: bool = True, log_path: Path | None = None, timeout: float | None = None) -> StepResult:
+        """Run `python -m farm.steps <argv>`; output (stdout+stderr) is appended to log_path.
+
+        Returns (exit_code, log_path). A timeout gives exit code 124. An out-of-memory
+        kill shows as 137; callers decide what that means (SPEC 8.4).
+        """
+        if log_path is None:
+            log_path = cache_dir() / "logs" / f"step-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as fh:
+            fh.write(f"# farm {self.kind} runner: {self.entrypoint} {shlex.join(argv)} "
+                     f"(network {'on' if network else self.network_isolation_when_off()})\n")
+        code = self._execute(list(argv), dict(env or {}), list(mounts), network, log_path, timeout)
+        return StepResult(code, log_path)
+
+    def network_isolation_when_off(self) -> str:
+        return self.network_isolation
+
+    def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    # ----- paths and mounts ------------------------------------------------------
+
+    def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
+        """Project (read-only), the cell's work dir, the output dir and the cache folders.
+
+        `caches` maps a name to a host folder (default: each of STANDARD_CACHES under
+        cache_dir()); each lands at /farm/cache/<name>, where FARM_CACHE points inside.
+        """
+        if caches is None:
+            caches = {name: cache_dir() / name for name in STANDARD_CACHES}
+        mounts = [Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True), Mount(work, WORK_TARGET), Mount(out, OUT_TARGET)]
+        for name, path in caches.items():
+            Path(path).mkdir(parents=True, exist_ok=True)
+            mounts.append(Mount(path, f"{CACHE_TARGET}/{name}"))
+        for m in mounts[1:3]:
+            Path(m.source).mkdir(parents=True, exist_ok=True)
+        return mounts
+
+    def inside(self, host_path: Path | str, mounts: list[Mount]) -> str:
+        """Where the step sees `host_path` (must lie under one of `mounts`, or be the project)."""
+        return str(Path(host_path).resolve())
+
+    def python(self, version: str) -> tuple[str, list[Mount]]:  # pragma: no cover
+        """(interpreter path as the step sees it, mounts it needs) for Python `version`."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:  # pragma: no cover
+        raise NotImplementedError
+
+
+def get_runner(kind: str | None = None, arch: str | None = None, **kw) -> Runner:
+    """`container` or `host`; None = container when an engine answers, else host."""
+    from ..errors import BadInput
+
+    if kind is None:
+        from ..engine import Engine
+
+        kind = "container" if Engine.available() else "host"
+    if kind == "container":
+        from .container import ContainerRunner
+
+        return ContainerRunner(arch=arch, **kw)
+    if kind == "host":
+        from .host import HostRunner
+
+        return HostRunner(arch=arch, **kw)
+    raise BadInput("farm build", "--runner", kind, f"must be one of {', '.join(RUNNER_KINDS)}")

@@ -1,0 +1,175 @@
+"""The container runner: steps run in the cell's builder image through the engine.
+
+The entrypoint needs the farm's own dependencies (pyyaml, packaging, auditwheel, ...)
+inside the image, whose Python has none of them and no network. They live in a
+"tools" virtual environment per image: wheels are downloaded on the host (`pip
+download` for the image's Python and platform, into the shared downloads cache),
+installed inside the image with `--no-index --find-links`, cached under
+cache_dir()/tools/<key> and mounted read-only at /farm/tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from filelock import FileLock
+
+from .. import images
+from ..engine import Engine, Limits, Mount
+from ..errors import FarmError
+from ..paths import PROJECT_ROOT, cache_dir
+from . import CACHE_TARGET, PROJECT_TARGET, WORK_TARGET, Runner
+
+TOOLS_TARGET = "/farm/tools"
+
+
+class RunnerError(FarmError):
+    exit_code = 1
+
+
+def project_requirements() -> list[str]:
+    """The farm's runtime dependencies, as pyproject.toml declares them."""
+    text = (PROJECT_ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib
+
+        return list(tomllib.loads(text)["project"]["dependencies"])
+    except ImportError:  # Python 3.10: the list is simple enough to read directly
+        block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.S | re.M).group(1)
+        return re.findall(r'"([^"]+)"', block)
+
+
+class ContainerRunner(Runner):
+    kind = "container"
+    network_isolation = "none"
+
+    def __init__(self, arch: str | None = None, engine: Engine | None = None, image: images.Image | None = None,
+                 limits: Limits | None = None, build_image: bool = True, **kw):
+        super().__init__(**kw)
+        self.engine = engine or Engine.detect()
+        self.arch = images.check_arch(arch or images.host_arch())
+        if image is None:
+            image = images.load_image(self.arch, self.engine)
+            if image is None:
+                if not build_image:
+                    raise RunnerError(f"no builder image for {self.arch} (run `farm images build --arch {self.arch}`)")
+                image = images.ensure_builder(self.arch, self.engine)
+        self.image = image
+        self.limits = limits or Limits()
+        self._tools: Path | None = None
+
+    # ----- what a step sees ------------------------------------------------------
+
+    def inside(self, host_path, mounts):
+        p = Path(host_path).resolve()
+        best = None
+        for m in mounts:
+            src = Path(m.source).resolve()
+            if p == src or src in p.parents:
+                if best is None or len(str(src)) > len(str(Path(best.source).resolve())):
+                    best = m
+        if best is None:
+            raise RunnerError(f"{p} is not under any mount of this step")
+        rel = p.relative_to(Path(best.source).resolve())
+        return str(Path(best.target) / rel) if str(rel) != "." else best.target
+
+    def python(self, version: str) -> tuple[str, list[Mount]]:
+        py = self.image.python(version)
+        if py is None:
+            raise RunnerError(f"image {self.image.ref} provides no Python {version} "
+                              f"(it has {', '.join(self.image.python_versions()) or 'none'})")
+        mounts = [Mount(py["mount"], py["mount"], read_only=True)] if py.get("mount") else []
+        return py["path"], mounts
+
+    # ----- the tools environment -------------------------------------------------
+
+    def _tool_python(self) -> dict:
+        own = [p for p in self.image.pythons if not p.get("mount")]
+        if not own:
+            raise RunnerError(f"image {self.image.ref} records no Python of its own")
+        # manylinux lists several; the newest is fine for the farm's own code.
+        return max(own, key=lambda p: tuple(int(x) for x in p["version"].split(".")))
+
+    def tools_env(self) -> Path:
+        """The image's tools venv on the host (built once, then mounted read-only)."""
+        if self._tools:
+            return self._tools
+        py = self._tool_python()
+        reqs = sorted(project_requirements())
+        key = hashlib.sha256("\0".join([self.image.id, py["path"], *reqs]).encode()).hexdigest()[:16]
+        root = cache_dir() / "tools"
+        dest = root / key
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root / f".{key}.lock")):
+            if not (dest / ".farm-ok").exists():
+                wheels = self._download_tools(py["version"], reqs)
+                self._install_tools(dest, py["path"], wheels, reqs)
+        self._tools = dest
+        return dest
+
+    def _download_tools(self, version: str, reqs: list[str]) -> Path:
+        nodot = version.replace(".", "")
+        wheels = cache_dir() / "downloads" / f"farm-tools-cp{nodot}-{self.arch}"
+        # pip does not widen --platform manylinux_2_36 to older manylinux tags: name each one.
+        major, top = images.plat_glibc(self.image.plat_cap)
+        plats = [f"manylinux_{major}_{m}_{self.arch}" for m in range(top, 4, -1)]
+        plats += [f"manylinux2014_{self.arch}"] + ([f"manylinux1_{self.arch}"] if self.arch == "x86_64" else [])
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(wheels),
+               *[f"--platform={p}" for p in plats], "--python-version", version, "--implementation", "cp",
+               "--abi", f"cp{nodot}", *reqs]
+        env = {**os.environ, "PIP_FIND_LINKS": ""}  # torch's local find-links is irrelevant here
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            raise RunnerError("downloading the farm's tools for the image failed: "
+                              + (p.stderr.strip().splitlines() or ["?"])[-1])
+        return wheels
+
+    def _install_tools(self, dest: Path, python: str, wheels: Path, reqs: list[str]) -> None:
+        tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        log = dest.with_name(f"{dest.name}.log")
+        try:
+            # Built at the path it is later mounted at: a venv's scripts name their own path.
+            script = (f"{python} -m venv {TOOLS_TARGET} && {TOOLS_TARGET}/bin/python -m pip install --quiet "
+                      f"--no-index --find-links /farm/wheels " + " ".join(f"'{r}'" for r in reqs))
+            res = self.engine.run(self.image.ref, ["sh", "-c", script], log_path=log, network=False,
+                                  mounts=[Mount(tmp, TOOLS_TARGET), Mount(wheels, "/farm/wheels", read_only=True)],
+                                  arch=self.arch)
+            if res.exit_code != 0:
+                raise RunnerError(f"installing the farm's tools in {self.image.ref} failed (exit {res.exit_code}); "
+                                  f"log {log}")
+            (tmp / ".farm-ok").write_text(self.image.id + "\n")
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ----- running ---------------------------------------------------------------
+
+    def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
+        tools = self.tools_env()
+        all_mounts = [*mounts, Mount(tools, TOOLS_TARGET, read_only=True)]
+        if not any(m.target == PROJECT_TARGET for m in all_mounts):
+            all_mounts.append(Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True))
+        step_env = {"FARM_CACHE": CACHE_TARGET, "PYTHONUNBUFFERED": "1", **env}
+        # The project is importable from its read-only mount, ahead of anything the caller adds.
+        step_env["PYTHONPATH"] = ":".join(x for x in (PROJECT_TARGET, env.get("PYTHONPATH", "")) if x)
+        workdir = WORK_TARGET if any(m.target == WORK_TARGET for m in all_mounts) else None
+        res = self.engine.run(self.image.ref, [f"{TOOLS_TARGET}/bin/python", "-m", self.entrypoint, *argv],
+                              log_path=log_path, timeout=timeout, mounts=all_mounts, env=step_env,
+                              workdir=workdir, limits=self.limits, network=network, arch=self.arch)
+        return res.exit_code
+
+    def describe(self) -> dict:
+        return {"runner": self.kind, **self.engine.describe(), **self.image.describe(),
+                "limits": {"memory": self.limits.memory, "cpus": self.limits.cpus},
+                "network_when_off": self.network_isolation,
+                "emulated": self.arch != images.host_arch()}

@@ -1,0 +1,79 @@
+"""The host runner: the same entrypoint on this machine, for development and engine-less hosts.
+
+Mount targets are ignored (a step sees host paths); there are no limits. With
+network=False the step runs in a new network namespace (`unshare -n`, util-linux)
+when we are root and it works; otherwise the network stays open and describe()
+says `network: open` (such wheels are dev-only, SPEC 8.1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from functools import lru_cache
+
+from .. import images
+from ..errors import BadInput
+from ..paths import PROJECT_ROOT
+from . import WORK_TARGET, Runner
+
+
+@lru_cache(maxsize=1)
+def _can_unshare_net() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode == 0
+
+
+class HostRunner(Runner):
+    kind = "host"
+
+    def __init__(self, arch: str | None = None, **kw):
+        super().__init__(**kw)
+        want = images.check_arch(arch or images.host_arch())
+        if want != images.host_arch():
+            raise BadInput("farm build", "--runner", "host",
+                           f"this host is {images.host_arch()}; {want} cells need the container runner")
+        self.arch = want
+        self.network_isolation = "namespace" if _can_unshare_net() else "open"
+
+    def python(self, version: str) -> tuple[str, list]:
+        if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
+            return sys.executable, []
+        for prefix in reversed(images.pyenv_prefixes()):  # newest patch first
+            if re.fullmatch(re.escape(version) + r"\.\d+", prefix.name):
+                return str(prefix / "bin" / "python3"), []
+        raise BadInput("farm build", "python", version, "no such Python on this host (pyenv prefixes, the farm's own)")
+
+    def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
+        cmd = [sys.executable, "-m", self.entrypoint, *argv]
+        if not network and self.network_isolation == "namespace":
+            cmd = ["unshare", "--net", "--", *cmd]
+        step_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        step_env["PYTHONPATH"] = ":".join(x for x in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if x)
+        # The same working directory as in a container: the work mount, when there is one.
+        cwd = next((str(m.source) for m in mounts if m.target == WORK_TARGET), None)
+        with open(log_path, "ab") as fh:
+            # Own process group, so a timeout ends the step's compilers too.
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=step_env, cwd=cwd, start_new_session=True)
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return 124
+
+    def describe(self) -> dict:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[-1] if hasattr(os, "confstr") else ""
+        own = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        pythons = sorted({own} | {".".join(p.name.split(".")[:2]) for p in images.pyenv_prefixes()},
+                         key=lambda v: tuple(int(x) for x in v.split(".")))
+        return {"runner": self.kind, "arch": self.arch, "glibc": glibc, "image_id": None,
+                # The host's tag is what `auditwheel show` allows for each wheel (SPEC 8.3).
+                "plat": None, "pythons": pythons, "network_when_off": self.network_isolation,
+                "limits": None}
