@@ -19,9 +19,9 @@ class BadInput(FarmError):
 
     def __init__(self, where: str, key: str | None, value: object, problem: str):
         self.where, self.key, self.value, self.problem = str(where), key, value, problem
-        key_part = f" {key}:" if key else ""
-        shown = "" if value is None else f" {value!r}"
-        super().__init__(f"{self.where}:{key_part}{shown}: {problem}")
+        # file: key: value: problem, leaving out what is absent (no empty '::' fields).
+        parts = [self.where, key or None, None if value is None else repr(value), problem]
+        super().__init__(": ".join(p for p in parts if p))
 
 
 class NoSuchCell(FarmError):

@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import paths
-from .archlist import ArchList
 from .arches import ArchOverrides, Hazard, fallback_hazards
+from .archlist import ArchList
 from .errors import BadInput, FarmError
 from .platforms import ARM_LANE, PLATFORMS, X86_LANE, lane
 from .policy import Defaults, clamp, load_defaults
@@ -429,8 +429,8 @@ def _read_source(r: _Reader, value, key: str) -> Source:
     kinds = [k for k in SOURCE_KINDS if k in data]
     r.known_keys(data, SOURCE_KINDS, f"{key}.")
     if len(kinds) != 1:
-        r.fail(key, dict(data) if kinds else None,
-               f"needs exactly one of git, sdist, path (found {len(kinds)}{': ' + ', '.join(kinds) if kinds else ''})")
+        found = ", ".join(kinds) if kinds else "none"
+        r.fail(key, None, f"needs exactly one of git, sdist, path (found: {found})")
     kind = kinds[0]
     body = data[kind]
     if kind == "path":
@@ -459,7 +459,7 @@ def _read_source(r: _Reader, value, key: str) -> Source:
     r.known_keys(body, SDIST_KEYS, f"{key}.sdist.")
     where_from = [k for k in ("url", "pypi") if k in body]
     if len(where_from) != 1:
-        r.fail(f"{key}.sdist", dict(body), "needs exactly one of url or pypi (name==version)")
+        r.fail(f"{key}.sdist", None, "needs exactly one of url or pypi (name==version)")
     if "sha256" not in body:
         r.fail(f"{key}.sdist.sha256", None, "missing: an sdist source must carry its sha256")
     sha = r.sha256(body["sha256"], f"{key}.sdist.sha256")
@@ -783,6 +783,8 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
         kw["wheel_abi"] = abi
 
     arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
+    arch = replace(arch, arch_list_by_cuda=frozen(arch.arch_list_by_cuda),
+                   arch_list_by_cuda_aarch64=frozen(arch.arch_list_by_cuda_aarch64))
     for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
         for cuda in (data.get(key) or {}):
             if cuda not in defaults.grid_policy.supported_cudas:
