@@ -21,7 +21,7 @@ from pathlib import Path
 from . import paths
 from .errors import BadInput
 from .grid import PCWM_FILE, Grid, GridRow, Pcwm, cell_key, derive, load_grid, load_pcwm
-from .platforms import PLATFORMS
+from .platforms import ARM_LANE, PLATFORMS, X86_LANE
 from .policy import ARCH_POLICY_FILE, GRID_POLICY_FILE, TOOLKITS_FILE, Defaults, load_defaults
 from .upstream import scrape
 from .versions import cuda_tag
@@ -143,10 +143,11 @@ def recipes_lacking(cuda: str) -> tuple[list[str] | None, str | None]:
         lacking = []
         for name in sorted(recipes):
             arch = recipes[name].arch
-            for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
-                table = getattr(arch, key)
+            for lane_name, suffix in ((X86_LANE, ""), (ARM_LANE, "_aarch64")):
+                package_wide, table = arch.lane_lists(lane_name)
                 if table and cuda not in table:
-                    lacking.append(f"{name} ({key})")
+                    meanwhile = f"arch_list{suffix}" if package_wide is not None else "the policy row"
+                    lacking.append(f"{name} (arch_list_by_cuda{suffix}; meanwhile {meanwhile})")
         return lacking, None
     except Exception as exc:   # a broken recipe must not hide upstream news
         return None, f"recipes could not be loaded: {exc}"
