@@ -318,7 +318,8 @@ class _RecipeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
 def _mapping_without_duplicates(loader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
+        # Scalar keys compare by their text (cheap); only complex keys need constructing.
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key {key!r} written twice in one mapping", key_node.start_mark)
