@@ -139,7 +139,7 @@ class Fetcher:
             raise UpstreamUnreadable(f"cannot read {url}: {_short(exc)}") from None
         if response.status_code != 200:
             raise UpstreamUnreadable(f"cannot read {url}: HTTP {response.status_code}")
-        return response.content.decode(response.encoding or "utf-8", errors="replace")
+        return response.content.decode("utf-8", errors="replace")   # index pages are UTF-8 (ASCII names)
 
     def close(self):
         self.session.close()

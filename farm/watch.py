@@ -12,6 +12,7 @@ it; otherwise the checklist says the recipes were not checked.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -222,5 +223,4 @@ def watch(index_url: str, defaults_dir: Path | str | None = None) -> Report:
             raise
         known = None
     result = scrape(index_url, defaults.grid_policy)
-    report = compare(result.pcwm, grid, known, defaults, result.warnings)
-    return Report(**{**report.__dict__, "index_url": index_url})
+    return dataclasses.replace(compare(result.pcwm, grid, known, defaults, result.warnings), index_url=index_url)

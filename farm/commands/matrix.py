@@ -21,8 +21,9 @@ from ..grid import (
 )
 from ..pages.matrix import write_matrix
 from ..policy import load_defaults
-from ..upstream import TIMEOUT, Fetcher, scrape, write_pcwm
-from ..watch import EXIT_UNREADABLE, watch
+
+# farm.upstream (requests) and farm.watch are imported by the verbs that use them: every
+# `farm` command registers this module, and none of the others should pay for requests.
 
 
 def register(sub) -> None:
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--index-url", default=DEFAULT_SOURCE, help="the index (or a mirror) to read")
     p.add_argument("--source-label", default=DEFAULT_SOURCE, help="the canonical label written into the file")
     p.add_argument("--out", type=Path, help=f"default: defaults/{PCWM_FILE}")
-    p.add_argument("--timeout", type=float, default=TIMEOUT[1], help="seconds per request (read)")
+    p.add_argument("--timeout", type=float, help="seconds to wait for each answer (default 30)")
     p.set_defaults(func=scrape_command)
 
     p = verbs.add_parser("derive", help=f"write defaults/{GRID_FILE} and defaults/{PHANTOMS_FILE}")
@@ -57,11 +58,13 @@ def _warn(message: str) -> None:
 
 
 def scrape_command(args) -> int:
-    policy = load_defaults().grid_policy
-    out = args.out or paths.defaults_dir() / PCWM_FILE
-    fetcher = Fetcher(timeout=(TIMEOUT[0], args.timeout))
+    from ..upstream import TIMEOUT, Fetcher, scrape, write_pcwm
+
+    defaults = load_defaults()
+    out = args.out or defaults.folder / PCWM_FILE
+    fetcher = Fetcher(timeout=(TIMEOUT[0], args.timeout or TIMEOUT[1]))
     try:
-        result = scrape(args.index_url, policy, args.source_label, fetcher)
+        result = scrape(args.index_url, defaults.grid_policy, args.source_label, fetcher)
     finally:
         fetcher.close()
     for message in result.warnings:
@@ -91,6 +94,8 @@ def derive_command(args) -> int:
 
 
 def watch_command(args) -> int:
+    from ..watch import EXIT_UNREADABLE, watch
+
     try:
         report = watch(args.index_url)
     except UpstreamUnreadable as exc:
