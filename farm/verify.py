@@ -1,0 +1,922 @@
+"""The verify gate (SPEC 9): no wheel leaves the farm unless it carries exactly what its cell promised.
+
+`verify_wheel(path, expectation)` runs the checks of SPEC 9 in order, cheapest
+first, each named (`CHECKS`), each pass / warn / fail / skip with a message,
+and returns a `Report` (JSON per wheel). A failed static check skips the import
+check (importing a broken wheel proves nothing and may hang).
+
+The expectation is built by the pipeline (from the cell, the recipe and the
+label step's resolved requires_dist) or by `farm verify` (from --cell or from
+--arch-list/--platform). `GateCannotRun` (exit 2) means the gate itself could
+not judge, e.g. the wheel file is missing or no fitting interpreter exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import email.parser
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from .archlist import ArchList, ArchToken
+from .errors import FarmError
+from .fatbin import FatbinError, FatbinReport, read_fatbin
+from .platforms import from_wheel_platform_tag, lane
+from .recipes import Verify as VerifyKnobs
+from .versions import python_tag as _pytag
+from .versions import vtuple
+from .yamlio import write_atomic
+
+CHECKS = ("filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
+TORCH_FAMILY = frozenset({"torch", "torchvision", "torchaudio"})
+
+# DT_NEEDED names every Linux wheel may use (SPEC 9.4): glibc's own libraries and the C++ runtime.
+_SYSTEM_NEEDED = re.compile(
+    r"^(?:lib(?:c|m|dl|pthread|rt|util|resolv|nsl|anl|crypt|BrokenLocale|mvec|thread_db)\.so\.\d+"
+    r"|ld-linux[\w.-]*\.so\.\d+|ld64\.so\.\d+|libstdc\+\+\.so\.6|libgcc_s\.so\.1)$")
+# What a torch environment provides when none is given to look at: torch's own libraries and the
+# CUDA runtime libraries of its nvidia-* wheels, plus the driver (libcuda). With a torch environment
+# the gate lists the real sonames instead.
+TORCH_PROVIDED_PATTERNS = (
+    "libtorch*.so*", "libc10*.so*", "libshm.so*", "libcaffe2_nvrtc.so*", "libgomp*.so*",
+    "libcudart.so.*", "libcublas.so.*", "libcublasLt.so.*", "libcufft.so.*", "libcufftw.so.*",
+    "libcurand.so.*", "libcusolver.so.*", "libcusolverMg.so.*", "libcusparse.so.*", "libcusparseLt.so*",
+    "libnvrtc.so.*", "libnvrtc-builtins.so.*", "libnvJitLink.so.*", "libcudnn*.so.*", "libnccl.so.*",
+    "libnvToolsExt.so.*", "libnvtx3interop.so.*", "libcupti.so.*", "libcufile.so.*", "libnvshmem*.so*",
+    "libnvperf_host.so*",
+)
+DRIVER_LIBS = ("libcuda.so.1", "libcuda.so")
+_TORCH_LIB = re.compile(r"^lib(?:torch[\w-]*|c10[\w-]*)\.so")
+# Mangled names in the at::, c10:: and torch:: namespaces (plain, const/volatile members, typeinfo/vtables).
+_TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
+IMPORT_TIMEOUT = 300
+
+
+class GateCannotRun(FarmError):
+    """The gate could not judge the wheel (missing file, no interpreter, no torch env): exit 2."""
+
+    exit_code = 2
+
+
+# ---------------------------------------------------------------- expectation and report
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the cell promised. None means "not checked" (farm verify --arch-list knows less than a cell).
+
+    version is the public version (1.2.3); the wheel must carry `version+local_label`.
+    python_tag is the interpreter tag (cp311; abi3: the floor, cp39; py3-none: py3).
+    platform is the farm's spelling (linux, windows, linux_aarch64); platform_tag, when the
+    pipeline knows the image's tag, is checked exactly (manylinux_2_28_x86_64).
+    """
+
+    name: str | None
+    version: str | None
+    local_label: str | None
+    python_tag: str | None
+    platform: str
+    arch_list: ArchList | None
+    links_torch: bool
+    requires_dist: tuple[str, ...] | None = None
+    knobs: VerifyKnobs = field(default_factory=VerifyKnobs)
+    platform_tag: str | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "version": self.version, "local_label": self.local_label,
+            "python_tag": self.python_tag, "platform": self.platform, "platform_tag": self.platform_tag,
+            "arch_list": None if self.arch_list is None else self.arch_list.torch(),
+            "links_torch": self.links_torch,
+            "requires_dist": None if self.requires_dist is None else list(self.requires_dist),
+        }
+
+    @classmethod
+    def for_cell(cls, cell, *, knobs: VerifyKnobs | None = None, requires_dist: Iterable[str] | None = None,
+                 version: str | None = None, platform_tag: str | None = None) -> Expectation:
+        """From a farm.cells.Cell (and its recipe's verify knobs and resolved requires_dist)."""
+        abi = getattr(cell, "wheel_abi", "cpython")
+        py = {"py3-none": "py3", "pure": "py3"}.get(abi, f"cp{_pytag(cell.python)}")
+        return cls(
+            name=cell.recipe_name, version=version, local_label=cell.local_label, python_tag=py,
+            platform=cell.platform, arch_list=None if abi == "pure" else cell.arch.arch_list,
+            links_torch=cell.links_torch,
+            requires_dist=None if requires_dist is None else tuple(requires_dist),
+            knobs=knobs or VerifyKnobs(), platform_tag=platform_tag,
+        )
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str            # pass | warn | fail | skip
+    message: str
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "message": self.message, "details": self.details}
+
+
+@dataclass
+class Report:
+    wheel: str
+    expectation: Expectation
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "fail"]
+
+    @property
+    def warned(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "warn"]
+
+    def check(self, name: str) -> CheckResult:
+        return next(c for c in self.checks if c.name == name)
+
+    def as_dict(self) -> dict:
+        return {"wheel": self.wheel, "passed": self.passed, "failed": self.failed, "warned": self.warned,
+                "expectation": self.expectation.as_dict(), "checks": [c.as_dict() for c in self.checks]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, sort_keys=False) + "\n"
+
+    def write(self, path: Path) -> None:
+        write_atomic(Path(path), self.to_json())
+
+    def lines(self) -> list[str]:
+        """Human-readable: a verdict line, then one line per check."""
+        out = [f"{'PASS' if self.passed else 'FAIL'} {self.wheel}"]
+        for c in self.checks:
+            out.append(f"  {c.status:<4} {c.name}: {c.message}")
+        return out
+
+
+# ---------------------------------------------------------------- reading the wheel
+
+@dataclass
+class _Binary:
+    member: str            # path inside the wheel
+    path: Path             # extracted copy
+    fmt: str               # ELF | PE
+    elf: _ElfFacts | None = None
+
+
+@dataclass
+class _ElfFacts:
+    machine: str
+    needed: tuple[str, ...]
+    soname: str | None
+    rpaths: tuple[str, ...]        # RPATH and RUNPATH entries
+    glibc: tuple[int, int] | None  # highest GLIBC_x.y demanded
+    torch_symbols: tuple[str, ...]  # undefined at::/c10::/torch:: symbols (a few, for the message)
+
+
+def _elf_facts(path: Path) -> _ElfFacts:
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        needed, rpaths, soname = [], [], None
+        glibc: tuple[int, int] | None = None
+        torch_syms: list[str] = []
+        for sec in elf.iter_sections():
+            if isinstance(sec, DynamicSection):
+                for tag in sec.iter_tags():
+                    if tag.entry.d_tag == "DT_NEEDED":
+                        needed.append(tag.needed)
+                    elif tag.entry.d_tag == "DT_RPATH":
+                        rpaths += [p for p in tag.rpath.split(":") if p]
+                    elif tag.entry.d_tag == "DT_RUNPATH":
+                        rpaths += [p for p in tag.runpath.split(":") if p]
+                    elif tag.entry.d_tag == "DT_SONAME":
+                        soname = tag.soname
+            elif isinstance(sec, GNUVerNeedSection):
+                for _, auxes in sec.iter_versions():
+                    for aux in auxes:
+                        m = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?", aux.name)
+                        if m:
+                            v = (int(m.group(1)), int(m.group(2)))
+                            glibc = v if glibc is None or v > glibc else glibc
+        dynsym = elf.get_section_by_name(".dynsym")
+        if dynsym is not None:
+            for sym in dynsym.iter_symbols():
+                if sym["st_shndx"] == "SHN_UNDEF" and _TORCH_SYMBOL.match(sym.name):
+                    torch_syms.append(sym.name)
+        return _ElfFacts(elf["e_machine"], tuple(needed), soname, tuple(rpaths), glibc, tuple(torch_syms))
+
+
+class _Wheel:
+    """The wheel opened once: its zip, its parsed name, its binaries extracted to a temp dir."""
+
+    def __init__(self, path: Path, workdir: Path):
+        self.path = path
+        self.workdir = workdir
+        self.zip: zipfile.ZipFile | None = None
+        self.members: list[str] = []
+        self.zip_error: str | None = None
+        try:
+            self.zip = zipfile.ZipFile(path)
+            self.members = [i.filename for i in self.zip.infolist() if not i.is_dir()]
+        except (zipfile.BadZipFile, OSError) as exc:
+            self.zip_error = str(exc)
+        self.name = self.version = None
+        self.build = None
+        self.tags = frozenset()
+        self.filename_error: str | None = None
+        try:
+            name, version, build, tags = parse_wheel_filename(path.name)
+            self.name, self.version, self.build, self.tags = name, version, build, tags
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            self.filename_error = str(exc)
+        self._binaries: list[_Binary] | None = None
+
+    @property
+    def pure(self) -> bool:
+        return bool(self.tags) and {t.platform for t in self.tags} == {"any"}
+
+    def dist_info(self) -> list[str]:
+        return sorted({m.split("/", 1)[0] for m in self.members
+                       if "/" in m and m.split("/", 1)[0].endswith(".dist-info")})
+
+    def read(self, member: str) -> bytes:
+        assert self.zip is not None
+        return self.zip.read(member)
+
+    def binaries(self) -> list[_Binary]:
+        """Every ELF or PE file of the wheel, extracted (shared objects, extension modules)."""
+        if self._binaries is not None:
+            return self._binaries
+        out = []
+        for i, member in enumerate(self.members if self.zip else ()):
+            base = member.rsplit("/", 1)[-1]
+            if not re.search(r"\.(so(\.\d+)*|pyd|dll)$", base):
+                continue
+            with self.zip.open(member) as src:
+                head = src.read(4)
+            fmt = "ELF" if head == b"\x7fELF" else "PE" if head[:2] == b"MZ" else None
+            if fmt is None:
+                continue
+            dest = self.workdir / "bin" / str(i) / base
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with self.zip.open(member) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            out.append(_Binary(member, dest, fmt))
+        self._binaries = out
+        return out
+
+    def elf_binaries(self) -> list[_Binary]:
+        out = []
+        for b in self.binaries():
+            if b.fmt == "ELF":
+                if b.elf is None:
+                    b.elf = _elf_facts(b.path)
+                out.append(b)
+        return out
+
+
+def _glibc_of_tag(platform_tag: str) -> tuple[int, int] | None:
+    m = re.match(r"^manylinux_(\d+)_(\d+)_", platform_tag)
+    if m:
+        return (int(m.group(1)), int(m.group(2)))
+    for legacy, v in _LEGACY_MANYLINUX.items():
+        if platform_tag.startswith(legacy + "_"):
+            return v
+    return None
+
+
+# ---------------------------------------------------------------- the checks
+
+def _result(name: str, problems: list[str], warnings: list[str], ok: str, details: dict | None = None,
+            ) -> CheckResult:
+    if problems:
+        return CheckResult(name, "fail", "; ".join(problems + warnings), details or {})
+    if warnings:
+        return CheckResult(name, "warn", "; ".join(warnings), details or {})
+    return CheckResult(name, "pass", ok, details or {})
+
+
+def check_filename(w: _Wheel, exp: Expectation) -> CheckResult:
+    if w.filename_error:
+        return CheckResult("filename", "fail", f"not a valid wheel file name: {w.filename_error}")
+    problems: list[str] = []
+    if exp.name and canonicalize_name(exp.name) != w.name:
+        problems.append(f"name {w.name!r}, expected {canonicalize_name(exp.name)!r}")
+    local = w.version.local
+    if exp.local_label is not None and local != exp.local_label.lower():
+        problems.append(f"local label {('+' + local) if local else '(none)'}, expected +{exp.local_label}")
+    if exp.version is not None and w.version.public != Version(exp.version).public:
+        problems.append(f"version {w.version.public}, expected {exp.version}")
+    interpreters = sorted({t.interpreter for t in w.tags})
+    platforms = sorted({t.platform for t in w.tags})
+    details = {"version": str(w.version), "build": list(w.build) if w.build else None,
+               "interpreters": interpreters, "platforms": platforms}
+    if w.pure:
+        # A py3-none-any wheel: whether binaries were required is the binaries check's question.
+        return _result("filename", problems, [], "pure wheel (platform any): the binaries check decides", details)
+    if exp.python_tag and exp.python_tag not in interpreters:
+        problems.append(f"Python tag {'.'.join(interpreters)}, expected {exp.python_tag}")
+    for plat in platforms:
+        farm_platform = from_wheel_platform_tag(plat)
+        if farm_platform != exp.platform:
+            problems.append(f"platform tag {plat} is not {exp.platform}")
+        elif exp.platform != "windows" and _glibc_of_tag(plat) is None:
+            problems.append(f"platform tag {plat} is not a manylinux tag (was the wheel repaired?)")
+    if exp.platform_tag and exp.platform_tag not in platforms:
+        problems.append(f"platform tag {'.'.join(platforms)}, expected {exp.platform_tag}")
+    return _result("filename", problems, [], f"{w.path.name} matches", details)
+
+
+def _record_problems(w: _Wheel, dist_info: str) -> list[str]:
+    record_name = f"{dist_info}/RECORD"
+    if record_name not in w.members:
+        return [f"{record_name} is missing"]
+    problems: list[str] = []
+    listed: dict[str, tuple[str, str]] = {}
+    for row in csv.reader(io.StringIO(w.read(record_name).decode("utf-8", "replace"))):
+        if not row:
+            continue
+        if len(row) != 3:
+            problems.append(f"RECORD row {row!r} does not have 3 fields")
+            continue
+        listed[row[0]] = (row[1], row[2])
+    unsigned = {record_name, f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
+    counts: dict[str, int] = {}
+    for m in w.members:
+        counts[m] = counts.get(m, 0) + 1
+    dupes = sorted(m for m, n in counts.items() if n > 1)
+    if dupes:
+        problems.append(f"duplicate zip members: {', '.join(dupes[:5])}")
+    unlisted = sorted(m for m in counts if m not in listed and m not in unsigned)
+    if unlisted:
+        problems.append(f"not in RECORD: {', '.join(unlisted[:5])}{' ...' if len(unlisted) > 5 else ''}")
+    missing = sorted(p for p in listed if p not in counts)
+    if missing:
+        problems.append(f"in RECORD but not in the wheel: {', '.join(missing[:5])}")
+    bad = []
+    for member, (hash_field, size_field) in sorted(listed.items()):
+        if member not in counts or member in unsigned:
+            continue
+        algo, _, digest = hash_field.partition("=")
+        if algo not in ("sha256", "sha384", "sha512") or not digest:
+            bad.append(f"{member} (hash {hash_field or 'empty'})")
+            continue
+        h = hashlib.new(algo)
+        size = 0
+        with w.zip.open(member) as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+        if base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode() != digest:
+            bad.append(f"{member} (hash differs)")
+        elif size_field and size_field != str(size):
+            bad.append(f"{member} (size {size}, RECORD says {size_field})")
+    if bad:
+        problems.append(f"RECORD mismatch: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+    return problems
+
+
+def _requirement_key(text: str) -> str:
+    try:
+        return str(Requirement(text))
+    except InvalidRequirement:
+        return re.sub(r"\s+", "", text)
+
+
+def check_metadata(w: _Wheel, exp: Expectation) -> CheckResult:
+    if w.zip_error:
+        return CheckResult("metadata", "fail", f"not a readable zip: {w.zip_error}")
+    dist_infos = w.dist_info()
+    if len(dist_infos) != 1:
+        return CheckResult("metadata", "fail", f"expected one .dist-info folder, found {dist_infos or 'none'}")
+    dist_info = dist_infos[0]
+    problems: list[str] = []
+    meta_name = f"{dist_info}/METADATA"
+    if meta_name not in w.members:
+        return CheckResult("metadata", "fail", f"{meta_name} is missing")
+    meta = email.parser.BytesParser().parsebytes(w.read(meta_name))
+    version_text = meta.get("Version", "")
+    requires = [str(r) for r in meta.get_all("Requires-Dist") or []]
+    details = {"dist_info": dist_info, "metadata_version": version_text, "requires_dist": requires}
+    if w.version is not None:
+        try:
+            if Version(version_text) != w.version:
+                problems.append(f"METADATA Version {version_text}, file name says {w.version}")
+        except InvalidVersion:
+            problems.append(f"METADATA Version {version_text!r} is not a version")
+        folder_name, _, folder_version = dist_info[: -len(".dist-info")].rpartition("-")
+        try:
+            if Version(folder_version) != w.version:
+                problems.append(f"{dist_info} carries version {folder_version}, file name says {w.version}")
+        except InvalidVersion:
+            problems.append(f"{dist_info}: no version in the folder name")
+        if canonicalize_name(folder_name) != w.name or canonicalize_name(meta.get("Name", "")) != w.name:
+            problems.append(f"names differ: file {w.name}, folder {folder_name}, METADATA {meta.get('Name')}")
+    problems += _record_problems(w, dist_info)
+    torchy = []
+    for r in requires:
+        try:
+            if canonicalize_name(Requirement(r).name) in TORCH_FAMILY:
+                torchy.append(r)
+        except InvalidRequirement:
+            problems.append(f"Requires-Dist {r!r} does not parse")
+    if torchy:
+        problems.append(f"Requires-Dist names the torch family ({'; '.join(torchy)}): a resolver could pull "
+                        f"torch from PyPI over the user's CUDA build")
+    if exp.requires_dist is not None:
+        want = {_requirement_key(r) for r in exp.requires_dist}
+        have = {_requirement_key(r) for r in requires}
+        if want != have:
+            miss, extra = sorted(want - have), sorted(have - want)
+            problems.append("Requires-Dist differs from the recipe's requires_dist"
+                            + (f"; missing {miss}" if miss else "") + (f"; unexpected {extra}" if extra else ""))
+    return _result("metadata", problems, [], f"Version {version_text}, RECORD complete and hashes match", details)
+
+
+def check_binaries(w: _Wheel, exp: Expectation) -> CheckResult:
+    bins = w.binaries()
+    listed = [b.member for b in bins]
+    if bins:
+        return CheckResult("binaries", "pass", f"{len(bins)} compiled file(s)", {"files": listed})
+    if exp.knobs.allow_pure_python:
+        return CheckResult("binaries", "pass", "no compiled module; allowed (verify.allow_pure_python)")
+    return CheckResult("binaries", "fail", "no compiled module in the wheel: a pure wheel where binaries are "
+                                           "required (set verify.allow_pure_python if that is intended)")
+
+
+def _torch_env_sonames(torch_env: _TorchEnv | None) -> set[str] | None:
+    return None if torch_env is None else set(torch_env.sonames())
+
+
+def check_elf(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None) -> CheckResult:
+    if exp.platform == "windows":
+        return CheckResult("elf", "skip", "not a Linux wheel")
+    bins = w.elf_binaries()
+    if not bins:
+        return CheckResult("elf", "skip", "no ELF files")
+    shipped = {b.member.rsplit("/", 1)[-1] for b in bins} | {b.elf.soname for b in bins if b.elf.soname}
+    provided = _torch_env_sonames(torch_env)
+    plats = [t.platform for t in w.tags]
+    bounds = [g for g in (_glibc_of_tag(p) for p in plats) if g]
+    bound = min(bounds) if bounds else None
+    problems: list[str] = []
+    details: dict = {"modules": {}, "glibc_bound": None if bound is None else "%d.%d" % bound}
+
+    def allowed(lib: str) -> bool:
+        if _SYSTEM_NEEDED.match(lib) or lib in shipped or lib in DRIVER_LIBS:
+            return True
+        if any(fnmatch.fnmatch(lib, p) for p in exp.knobs.allowed_needed):
+            return True
+        if provided is not None:
+            return lib in provided
+        return any(fnmatch.fnmatch(lib, p) for p in TORCH_PROVIDED_PATTERNS)
+
+    for b in bins:
+        e = b.elf
+        details["modules"][b.member] = {"needed": list(e.needed), "rpath": list(e.rpaths),
+                                        "glibc": None if e.glibc is None else "%d.%d" % e.glibc}
+        unknown = [n for n in e.needed if not allowed(n)]
+        if unknown:
+            problems.append(f"{b.member} needs {', '.join(unknown)}, which nobody provides "
+                            f"(not glibc, not torch's, not in the wheel, not in verify.allowed_needed)")
+        absolute = [p for p in e.rpaths if not (p.startswith("$ORIGIN") or p.startswith("${ORIGIN}"))]
+        if absolute:
+            problems.append(f"{b.member} has RPATH/RUNPATH {':'.join(absolute)} (every entry must start with $ORIGIN)")
+        if e.glibc and bound and e.glibc > bound:
+            problems.append(f"{b.member} demands GLIBC_{e.glibc[0]}.{e.glibc[1]}, above the wheel's tag "
+                            f"({'.'.join(plats)} allows {bound[0]}.{bound[1]})")
+    demand = max((b.elf.glibc for b in bins if b.elf.glibc), default=None)
+    ok = (f"{len(bins)} ELF file(s): DT_NEEDED provided, RPATHs relative"
+          + (f", GLIBC {demand[0]}.{demand[1]} within the tag" if demand else ""))
+    return _result("elf", problems, [], ok, details)
+
+
+def check_torch_linkage(w: _Wheel, exp: Expectation) -> CheckResult:
+    if exp.links_torch:
+        return CheckResult("torch_linkage", "pass", "torch-linked recipe: links torch by design")
+    if exp.platform == "windows":
+        return CheckResult("torch_linkage", "skip", "not a Linux wheel")
+    problems = []
+    for b in w.elf_binaries():
+        libs = [n for n in b.elf.needed if _TORCH_LIB.match(n)]
+        if libs:
+            problems.append(f"{b.member} needs {', '.join(libs)}")
+        if b.elf.torch_symbols:
+            syms = b.elf.torch_symbols
+            problems.append(f"{b.member} has {len(syms)} undefined at::/c10::/torch:: symbol(s), e.g. {syms[0]}")
+    if problems:
+        problems[0] = "a torch-free recipe's wheel links torch: " + problems[0]
+    return _result("torch_linkage", problems, [], "torch-free: no libtorch/libc10 and no at::/c10::/torch:: symbols")
+
+
+def _fmt_sass(sm: int, variant: str) -> str:
+    return f"sm_{sm}{variant}"
+
+
+def _token_text(sm: int, variant: str = "") -> str:
+    return f"{sm // 10}.{sm % 10}{variant}"
+
+
+def check_arches(w: _Wheel, exp: Expectation) -> CheckResult:
+    knobs = exp.knobs
+    bins = w.binaries()
+    if not bins:
+        return CheckResult("arches", "skip", "no compiled files")
+    if knobs.skip_arch:
+        return CheckResult("arches", "skip", f"waived (verify.skip_arch): {knobs.skip_arch}")
+    if exp.arch_list is None:
+        return CheckResult("arches", "skip", "no arch list expected")
+    modules: dict[str, FatbinReport] = {}
+    for b in bins:
+        try:
+            modules[b.member] = read_fatbin(b.path)
+        except FatbinError as exc:
+            return CheckResult("arches", "fail", f"{b.member}: cannot read its fatbin: {exc}")
+    sass: set[tuple[int, str]] = set()
+    ptx: set[tuple[int, str]] = set()
+    for r in modules.values():
+        sass |= r.sass()
+        ptx |= r.ptx()
+    details = {"expected": exp.arch_list.torch(), "modules": {
+        m: {"sass": sorted(_fmt_sass(*k) for k in r.sass()),
+            "ptx": sorted(f"compute_{sm}{v}" for sm, v in r.ptx()),
+            "compressed": sorted({f"{e.name} ({e.compression})" for e in r.compressed()}),
+            "containers": r.containers, "entries": len(r.entries)}
+        for m, r in modules.items() if r.entries}}
+    details["union"] = {"sass": sorted(_fmt_sass(*k) for k in sass), "ptx": sorted(f"compute_{sm}{v}" for sm, v in ptx)}
+
+    want_sass = exp.arch_list.sass()
+    want_ptx = {(t.sm, "") for t in exp.arch_list if t.ptx}
+    missing = [t for t in exp.arch_list if (t.sm, t.variant) not in sass]
+    missing_ptx = [t for t in exp.arch_list if t.ptx and (t.sm, "") not in ptx]
+
+    waiver = _missing_waiver(knobs, exp.platform)
+    waived_tokens: list[str] = []
+    if waiver is not None:
+        allowed = {(t.sm, t.variant) for t in waiver.archs}
+        waived_tokens = [str(t) for t in missing if (t.sm, t.variant) in allowed]
+        waived_tokens += [f"{t.major}.{t.minor}+PTX" for t in missing_ptx if (t.sm, "") in allowed and t.ptx]
+        missing = [t for t in missing if (t.sm, t.variant) not in allowed]
+        missing_ptx = [t for t in missing_ptx if (t.sm, "") not in allowed]
+
+    problems, warnings = [], []
+    if not any(r.entries for r in modules.values()):
+        problems.append("no module carries a CUDA fatbin")
+    for t in missing:
+        near = sorted(_fmt_sass(sm, v) for sm, v in sass if sm == t.sm)
+        why = f" (only {', '.join(near)} shipped, which does not serve {t})" if near else ""
+        problems.append(f"no SASS for {_fmt_sass(t.sm, t.variant)} ({t} asked){why}")
+    for t in missing_ptx:
+        problems.append(f"no PTX for compute_{t.sm} ({t.major}.{t.minor}+PTX asked)")
+    extra_sass = sorted(sass - want_sass)
+    extra_ptx = sorted(ptx - want_ptx)
+    if extra_sass or extra_ptx:
+        warnings.append("extra archs beyond the list: "
+                        + ", ".join([_fmt_sass(*k) for k in extra_sass] + [f"compute_{sm}{v}" for sm, v in extra_ptx]))
+    compressed = sorted({(m, e.name, e.compression) for m, r in modules.items() for e in r.compressed()})
+    if compressed:
+        names = sorted({f"{n} ({c})" for _, n, c in compressed})
+        warnings.append(f"compressed fatbin entries, listed from their headers and not decompressed: "
+                        f"{', '.join(names)} (a driver must be able to decompress them)")
+    if waived_tokens:
+        warnings.append(f"missing {' '.join(waived_tokens)} waived (verify.allow_missing_archs): {waiver.reason}")
+    details["missing"] = [str(t) for t in missing] + [f"{t.major}.{t.minor}+PTX" for t in missing_ptx]
+    details["waived"] = waived_tokens
+    ok = f"every arch of {exp.arch_list.torch()} has SASS (and PTX where +PTX) over {len(modules)} module(s)"
+    return _result("arches", problems, warnings, ok, details)
+
+
+def _missing_waiver(knobs: VerifyKnobs, platform: str):
+    table: Mapping = knobs.allow_missing_archs or {}
+    return table.get(platform) or table.get(lane(platform))
+
+
+# ---------------------------------------------------------------- the import check
+
+@dataclass(frozen=True)
+class _TorchEnv:
+    """A Python environment holding the cell's torch (a venv or prefix, or its python executable)."""
+
+    python: Path
+    torch_dir: Path | None
+
+    @classmethod
+    def locate(cls, where: Path) -> _TorchEnv:
+        where = Path(where)
+        if where.is_file():
+            python = where
+        else:
+            python = next((p for p in (where / "bin" / "python", where / "bin" / "python3",
+                                       where / "Scripts" / "python.exe", where / "python.exe") if p.exists()), None)
+        if python is None:
+            raise GateCannotRun(f"{where}: no Python interpreter in this torch environment (bin/python)")
+        probe = subprocess.run(
+            [str(python), "-c", "import importlib.util as u; s = u.find_spec('torch'); "
+                                "print(list(s.submodule_search_locations)[0] if s else '')"],
+            capture_output=True, text=True, env=_child_env_base())
+        if probe.returncode != 0:
+            raise GateCannotRun(f"{python}: cannot run it: {probe.stderr.strip()[-200:]}")
+        torch_dir = Path(probe.stdout.strip()) if probe.stdout.strip() else None
+        return cls(python, torch_dir)
+
+    def sonames(self) -> list[str]:
+        """Every shared library torch and its nvidia-* wheels provide (SPEC 8.1 repair excludes the same)."""
+        if self.torch_dir is None:
+            return []
+        roots = [self.torch_dir / "lib", self.torch_dir.parent / "nvidia"]
+        names = []
+        for root in roots:
+            if root.is_dir():
+                names += [p.name for p in root.rglob("*.so*") if p.is_file() or p.is_symlink()]
+        return names
+
+
+def _child_env_base() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_"))}
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _module_name(member: str) -> str | None:
+    """Dotted module name of a compiled file in an importable place, else None."""
+    member = re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", member)
+    parts = member.split("/")
+    if not re.search(r"\.(so|pyd)$", parts[-1]):
+        return None
+    parts[-1] = parts[-1].split(".", 1)[0]
+    if not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def _top_level(w: _Wheel) -> list[str]:
+    dist_info = w.dist_info()
+    if dist_info and f"{dist_info[0]}/top_level.txt" in w.members:
+        names = w.read(f"{dist_info[0]}/top_level.txt").decode().split()
+        return [n.replace("/", ".") for n in names if n]
+    tops = set()
+    for m in w.members:
+        m = re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", m)
+        first = m.split("/", 1)[0]
+        if first.endswith((".dist-info", ".data")):
+            continue
+        if "/" in m and first.isidentifier():
+            tops.add(first)
+        elif m.endswith(".py") and m[:-3].isidentifier():
+            tops.add(m[:-3])
+    return sorted(tops)
+
+
+def _no_direct(member: str, module: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatch(member, p) or fnmatch.fnmatch(module, p) for p in patterns)
+
+
+_CHILD = r"""
+import importlib, json, sys, traceback
+plan = json.loads(sys.argv[1])
+def say(**kw):
+    sys.stdout.write("FARM-IMPORT " + json.dumps(kw) + "\n"); sys.stdout.flush()
+mods = (["torch"] if plan["torch"] else []) + plan["modules"]
+for m in mods:
+    say(event="begin", module=m)
+    try:
+        importlib.import_module(m)
+        say(event="ok", module=m)
+    except BaseException as exc:
+        say(event="error", module=m, error=f"{type(exc).__name__}: {exc}")
+        if m == "torch":
+            sys.exit(3)
+for op in plan["ops"]:
+    ns, _, name = op.replace(".", "::", 1).partition("::")
+    import torch
+    try:
+        getattr(getattr(torch.ops, ns), name)
+        say(event="op", module=op, ok=True)
+    except BaseException as exc:
+        say(event="op", module=op, ok=False, error=f"{type(exc).__name__}: {exc}")
+"""
+
+
+def _python_version(python: Path) -> tuple[int, int]:
+    out = subprocess.run([str(python), "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise GateCannotRun(f"{python}: cannot run it")
+    a, b = out.stdout.split()
+    return int(a), int(b)
+
+
+def _fits(w: _Wheel, version: tuple[int, int]) -> bool:
+    for t in w.tags:
+        if t.interpreter.startswith("py") or t.abi == "none" and t.interpreter.startswith("py"):
+            return True
+        m = re.fullmatch(r"cp(\d)(\d+)", t.interpreter)
+        if m:
+            tv = (int(m.group(1)), int(m.group(2)))
+            if tv == version or (t.abi == "abi3" and tv <= version):
+                return True
+    return False
+
+
+def libcuda_stub_dir(workdir: Path) -> Path:
+    """A folder with libcuda.so.1 -> the toolkit's stub (needs_driver: import with a stub on the loader path)."""
+    candidates = []
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates += [Path(home) / "lib64" / "stubs" / "libcuda.so",
+                           *sorted(Path(home).glob("targets/*/lib/stubs/libcuda.so"))]
+    stub = next((c for c in candidates if c.is_file()), None)
+    if stub is None:
+        raise GateCannotRun("verify.needs_driver: no libcuda stub found (set CUDA_HOME to a toolkit with "
+                            "lib64/stubs/libcuda.so)")
+    d = workdir / "libcuda-stub"
+    d.mkdir(exist_ok=True)
+    link = d / "libcuda.so.1"
+    if not link.exists():
+        link.symlink_to(stub)
+    return d
+
+
+def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, python: Path | None) -> CheckResult:
+    knobs = exp.knobs
+    if knobs.skip_import:
+        reason = knobs.skip_import if isinstance(knobs.skip_import, str) else "verify.skip_import"
+        return CheckResult("import", "skip", f"waived: {reason}")
+    if exp.links_torch and torch_env is None:
+        raise GateCannotRun("the import check of a torch-linked wheel needs the cell's torch environment "
+                            "(--torch-env), or --skip-import")
+    if torch_env is not None:
+        python = torch_env.python
+    python = Path(python or sys.executable)
+    version = _python_version(python)
+    if not _fits(w, version):
+        raise GateCannotRun(f"{w.path.name} does not install on {python} (Python {version[0]}.{version[1]})")
+    if exp.links_torch and torch_env.torch_dir is None:
+        raise GateCannotRun(f"{python}: no torch in this environment")
+
+    target = w.workdir / "target"
+    pip = subprocess.run([str(python), "-m", "pip", "install", "--isolated", "--no-deps", "--no-index",
+                          "--no-compile", "--disable-pip-version-check", "--target", str(target), str(w.path)],
+                         capture_output=True, text=True, env=_child_env_base())
+    if pip.returncode != 0:
+        tail = " | ".join(ln for ln in pip.stderr.strip().splitlines()[-3:])
+        return CheckResult("import", "fail", f"pip install --no-deps --target failed: {tail}")
+
+    modules: list[str] = []
+    for name in list(knobs.import_names or _top_level(w)) + list(knobs.extra_imports):
+        if name not in modules:
+            modules.append(name)
+    skipped = []
+    for b in w.binaries():
+        mod = _module_name(b.member)
+        if mod is None or mod in modules:
+            continue
+        if _no_direct(b.member, mod, knobs.no_direct_import):
+            skipped.append(mod)
+        else:
+            modules.append(mod)
+
+    env = _child_env_base()
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = str(target)
+    if knobs.needs_driver:
+        stub = libcuda_stub_dir(w.workdir)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(stub), env.get("LD_LIBRARY_PATH")]))
+    cwd = w.workdir / "cwd"
+    cwd.mkdir(exist_ok=True)
+    plan = {"torch": exp.links_torch, "modules": modules, "ops": list(knobs.expect_ops)}
+    try:
+        child = subprocess.run([str(python), "-c", _CHILD, json.dumps(plan)], cwd=cwd, env=env,
+                               capture_output=True, text=True, timeout=IMPORT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return CheckResult("import", "fail", f"imports did not finish in {IMPORT_TIMEOUT}s",
+                           {"modules": modules})
+    events = [json.loads(ln[len("FARM-IMPORT "):]) for ln in child.stdout.splitlines()
+              if ln.startswith("FARM-IMPORT ")]
+    details = {"python": str(python), "modules": modules, "not_imported_directly": skipped,
+               "events": events, "stderr_tail": child.stderr.strip().splitlines()[-10:]}
+    problems, forgiven = [], []
+    imported = [e["module"] for e in events if e["event"] == "ok"]
+    for e in events:
+        if e["event"] == "error":
+            if e["module"] != "torch" and _forgiven(knobs.expect_device_error, e["error"]):
+                forgiven.append(f"{e['module']}: {e['error']}")
+            else:
+                problems.append(f"import {e['module']} failed: {e['error']}")
+        elif e["event"] == "op" and not e["ok"]:
+            problems.append(f"expected op {e['module']} is not registered: {e.get('error', '')}")
+    if child.returncode < 0 or (child.returncode != 0 and not problems):
+        begun = [e["module"] for e in events if e["event"] == "begin"]
+        last = begun[-1] if begun else "(before any import)"
+        try:
+            sig = signal.Signals(-child.returncode).name
+        except ValueError:
+            sig = f"exit {child.returncode}"
+        hint = (" (twin modules that register the same ops abort the process: list them in "
+                "verify.no_direct_import)" if len(begun) > 1 else "")
+        problems.append(f"importing {last} killed the child process ({sig}){hint}")
+    details["forgiven"] = forgiven
+    if forgiven and not problems:
+        return CheckResult("import", "pass", f"imported {len(imported)} module(s); device errors forgiven "
+                                             f"(verify.expect_device_error): {'; '.join(forgiven)}", details)
+    ok = f"imported {', '.join(imported) or 'nothing'} with CUDA_VISIBLE_DEVICES=''" + (
+        f"; not imported directly (verify.no_direct_import): {', '.join(skipped)}" if skipped else "")
+    return _result("import", problems, [], ok, details)
+
+
+def _forgiven(expect: bool | str, error: str) -> bool:
+    if expect is True:
+        return bool(DEVICE_ERROR.search(error))
+    if isinstance(expect, str) and expect:
+        return bool(re.search(expect, error)) or expect in error
+    return False
+
+
+# ---------------------------------------------------------------- the gate
+
+def verify_wheel(path: Path | str, expectation: Expectation, *, torch_env: Path | None = None,
+                 skip_import: bool = False, python: Path | None = None) -> Report:
+    """Run every check of SPEC 9 on one wheel. Raises GateCannotRun when the gate cannot judge.
+
+    torch_env: the cell's torch environment (a venv/prefix or its python); it supplies the
+    interpreter of the import check and the exact sonames torch provides for the ELF check.
+    python: the interpreter for torch-free wheels when no torch_env is given (default: this one).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GateCannotRun(f"{path}: no such wheel file")
+    env = _TorchEnv.locate(torch_env) if torch_env is not None else None
+    report = Report(path.name, expectation)
+    with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
+        w = _Wheel(path, Path(tmp))
+        try:
+            report.checks.append(check_filename(w, expectation))
+            report.checks.append(check_metadata(w, expectation))
+            if w.zip_error:
+                for name in CHECKS[2:]:
+                    report.checks.append(CheckResult(name, "skip", "the wheel is not a readable zip"))
+                return report
+            report.checks.append(check_binaries(w, expectation))
+            try:
+                report.checks.append(check_elf(w, expectation, env))
+                report.checks.append(check_torch_linkage(w, expectation))
+            except ELFError as exc:
+                report.checks.append(CheckResult("elf", "fail", f"unreadable ELF file: {exc}"))
+                report.checks.append(CheckResult("torch_linkage", "skip", "unreadable ELF file"))
+            report.checks.append(check_arches(w, expectation))
+            if skip_import:
+                report.checks.append(CheckResult("import", "skip", "skipped (--skip-import)"))
+            elif not report.passed:
+                report.checks.append(CheckResult("import", "skip", f"not run: {', '.join(report.failed)} failed"))
+            else:
+                report.checks.append(check_import(w, expectation, env, python))
+        finally:
+            if w.zip is not None:
+                w.zip.close()
+    return report
+
+
+def verify_cell_wheel(path: Path | str, cell, **kw) -> Report:
+    """The pipeline's entry: the cell's own expectation (see Expectation.for_cell for the knobs)."""
+    exp_kw = {k: kw.pop(k) for k in ("knobs", "requires_dist", "version", "platform_tag") if k in kw}
+    return verify_wheel(path, Expectation.for_cell(cell, **exp_kw), **kw)
+
+
+def lowest_glibc(path: Path | str) -> str | None:
+    """The highest GLIBC_x.y any ELF file of a wheel demands (what its manylinux tag must allow)."""
+    with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
+        w = _Wheel(Path(path), Path(tmp))
+        demand = max((b.elf.glibc for b in w.elf_binaries() if b.elf.glibc), default=None)
+        if w.zip is not None:
+            w.zip.close()
+    return None if demand is None else "%d.%d" % demand
+
+
+__all__ = ["CHECKS", "Expectation", "VerifyKnobs", "Report", "CheckResult", "GateCannotRun", "verify_wheel",
+           "verify_cell_wheel", "ArchToken", "vtuple"]
