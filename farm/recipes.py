@@ -9,6 +9,7 @@ CUDA line the recipe builds (`built_lines`), never narrowed.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
 from collections.abc import Iterable, Mapping
@@ -375,7 +376,8 @@ class _Reader:
         return value
 
     def string(self, value, key: str, *, empty: bool = False) -> str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # YAML reads 0.6 as a number and 2024-05-01 as a date: the fix is quoting.
+        if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
             self.fail(key, value, f"write it as a quoted string, e.g. '{value}'")
         if not isinstance(value, str):
             self.fail(key, value, f"expected a string, got {_kind(value)}")
@@ -420,7 +422,7 @@ def _kind(value) -> str:
     if value is None:
         return "nothing"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
+            dict: "a mapping", datetime.date: "a date"}.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------- sources
@@ -485,8 +487,8 @@ def _read_url(r: _Reader, value, key: str) -> str:
 
 
 def _read_ref(r: _Reader, value, key: str) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        r.fail(key, value, f"write the ref as a quoted string, e.g. '{value}' (YAML reads it as a number)")
+    if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
+        r.fail(key, value, f"write the ref as a quoted string, e.g. '{value}' (YAML reads it as {_kind(value)})")
     ref = r.string(value, key)
     if _SHA.match(ref):
         return ref

@@ -94,6 +94,10 @@ MALFORMED = [
     ("git ref written as a YAML number",
      "name: pkg\nsource: {git: {url: https://github.com/e/p.git, ref: 0.6}}\nlinks_torch: true\n",
      "source.git.ref: 0.6: write the ref as a quoted string, e.g. '0.6' (YAML reads it as a number)"),
+    ("git ref that YAML reads as a date",
+     "name: pkg\nsource: {git: {url: https://github.com/e/p.git, ref: 2024-05-01}}\nlinks_torch: true\n",
+     "source.git.ref: datetime.date(2024, 5, 1): write the ref as a quoted string, e.g. '2024-05-01' (YAML reads "
+     "it as a date)"),
     ("tag commit is not a full SHA",
      "name: pkg\nsource: {git: {url: https://github.com/e/p.git, ref: v1.0, commit: abc123}}\nlinks_torch: true\n",
      "source.git.commit: 'abc123': expected the full 40-hex commit SHA"),
