@@ -329,3 +329,21 @@ class _log_sink:
     def __exit__(self, *exc):
         if self.fh:
             self.fh.close()
+
+
+def ensure_engine(setup: bool = True) -> Engine:
+    """An engine that answers; when none does, run scripts/setup-engine.sh once and retry.
+
+    The setup script is idempotent (apt installs, containers.conf, `podman info`).
+    """
+    try:
+        return Engine.detect()
+    except EngineUnavailable as first:
+        script = Path(__file__).resolve().parent.parent / "scripts" / "setup-engine.sh"
+        if not setup or not script.exists():
+            raise
+        p = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+        if p.returncode != 0:
+            last = (p.stdout + p.stderr).strip().splitlines()
+            raise EngineUnavailable(f"{first}; setup-engine.sh failed: {last[-1] if last else p.returncode}") from None
+        return Engine.detect()

@@ -191,6 +191,7 @@ class Image:
     plat_cap: str  # the highest its glibc allows
     pythons: list[dict] = field(default_factory=list)  # {version, path, mount?}
     cuda_home: str = ""
+    cuda: str = ""  # the CUDA_VERSION build argument (dnf images), "" when the toolkit comes from PyPI
     key: str = ""
 
     def python(self, version: str) -> dict | None:
@@ -268,7 +269,12 @@ def ensure_builder(arch: str | None = None, engine: Engine | None = None, base: 
                                     labels={"farm.key": key, "farm.base": base}, arch=arch,
                                     network=not base.startswith("localhost/"), log_path=log)
         image = _probe(engine, ref, image_id, arch, base, key)
+        image.cuda = cuda
         write_atomic(_record_path(arch, key), json.dumps(asdict(image), indent=2) + "\n")
+        # The record of the image this one supersedes goes (the image stays: a build may use it).
+        for old in list_images(None):
+            if old[0].arch == arch and old[0].cuda == cuda and old[0].key != key:
+                _record_path(arch, old[0].key).unlink(missing_ok=True)
         return image
 
 

@@ -1,0 +1,67 @@
+"""`farm images base|build|show|setup-qemu`: the builder images (SPEC 8.2, 8.3)."""
+
+from __future__ import annotations
+
+from .. import images
+from ..engine import Engine
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("images", help="builder images: debootstrapped base, build, show, qemu for aarch64")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    def arch_arg(p):
+        p.add_argument("--arch", choices=images.ARCHES, default=None, help="default: this host's")
+
+    p = verbs.add_parser("base", help="debootstrap Debian bookworm (minbase + build packages) and import it")
+    arch_arg(p)
+    p.set_defaults(func=base_command)
+
+    p = verbs.add_parser("build", help="build docker/Dockerfile FROM the base; cached by its recipe")
+    arch_arg(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the production build (manylinux_2_28 + dnf + NVIDIA's repo) instead")
+    p.add_argument("--cuda", default="", help="CUDA X.Y installed from NVIDIA's repo (dnf images; dry-run default 13.0)")
+    p.add_argument("--base", default=None, help="BASE image (default: the local Debian base)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the cached image matches")
+    p.set_defaults(func=build_command)
+
+    p = verbs.add_parser("show", help="list built images with their glibc, platform tag and Pythons")
+    p.set_defaults(func=show_command)
+
+    p = verbs.add_parser("setup-qemu", help="mount binfmt_misc and register qemu-aarch64 (idempotent)")
+    p.set_defaults(func=setup_qemu_command)
+
+
+def base_command(args) -> int:
+    print(images.ensure_base(args.arch or images.host_arch()))
+    return 0
+
+
+def build_command(args) -> int:
+    arch = args.arch or images.host_arch()
+    if args.dry_run:
+        print(images.render_production(arch, cuda=args.cuda or "13.0"))
+        return 0
+    image = images.ensure_builder(arch, base=args.base, cuda=args.cuda, force=args.force)
+    print(f"{image.ref} {image.id[:19]} {image.plat} pythons {' '.join(image.python_versions())}")
+    return 0
+
+
+def show_command(args) -> int:
+    engine = Engine.available()
+    rows = images.list_images(engine)
+    if not rows:
+        print("no builder images recorded (run `farm images build`)")
+        return 0
+    for image, present in rows:
+        state = "" if present else "  (gone from the engine)"
+        print(f"{image.ref}  {image.arch}  glibc {image.glibc}  tag {image.plat} (max {image.plat_cap})  "
+              f"{image.package_manager}  pythons {' '.join(image.python_versions())}{state}")
+    return 0
+
+
+def setup_qemu_command(args) -> int:
+    print(images.setup_qemu(quiet=True))
+    return 0
