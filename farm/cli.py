@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "farm.commands.coverage",
     "farm.commands.recipes",
     "farm.commands.wheelhouse",
+    "farm.commands.images",
 )
 
 
