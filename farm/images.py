@@ -369,9 +369,11 @@ def _lowest_plat(so: Path, arch: str, tmp: Path) -> str:
 
 def pyenv_prefixes() -> list[Path]:
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    if not root.is_dir():
+    try:
+        found = [p for p in root.iterdir() if re.fullmatch(r"3\.\d+\.\d+", p.name) and (p / "bin/python3").exists()]
+    except OSError:  # no pyenv, or not readable by this user
         return []
-    return sorted(p for p in root.iterdir() if re.fullmatch(r"3\.\d+\.\d+", p.name) and (p / "bin/python3").exists())
+    return sorted(found, key=lambda p: tuple(int(x) for x in p.name.split(".")))
 
 
 def _host_pythons_usable(engine: Engine, ref: str, have: set[str]) -> list[dict]:
