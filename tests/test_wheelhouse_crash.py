@@ -1,0 +1,194 @@
+"""Crash safety and concurrency of publishing (SPEC 10): a crash anywhere leaves an index whose every link
+resolves to a complete file with the advertised sha256, and publishing again completes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from wheelhouse_fixtures import FARM, REPO, make_wheel
+
+from farm.wheelhouse import check_links, publish, read_journal, verify
+from farm.wheelhouse import manifest as manifest_module
+
+
+def base_house(tmp: Path) -> Path:
+    house = tmp / "base"
+    publish([make_wheel(tmp / "in0", "drtk", "0.1.0+cu128torch2.8"),
+             make_wheel(tmp / "in0", "tfree", "1.0.0+cu128"),
+             make_wheel(tmp / "in0", "drtk", "0.1.0+cu130torch2.13")], house)
+    return house
+
+
+def listed(house: Path, channel: str, project: str) -> list[str]:
+    page = house / channel / project / "index.html"
+    return json.loads((page.with_name("index.json")).read_text())["files"] if page.exists() else []
+
+
+def assert_sound(house: Path) -> None:
+    """Every link resolves to a complete file with the advertised sha256; the journal agrees with the files."""
+    assert check_links(house) == []
+    for page in [*house.rglob("index.html")]:
+        assert page.read_text().endswith("</html>\n"), page
+    for page in house.rglob("index.json"):
+        json.loads(page.read_text())
+    json.loads((house / "packages.json").read_text())
+    assert verify(house) == []
+
+
+def in_child(fn, fault_at: int | None) -> int:
+    """Run fn in a forked child (optionally killed at write step `fault_at`); returns its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            manifest_module._steps = 0
+            if fault_at:
+                os.environ["FARM_WHEELHOUSE_FAULT_AT"] = str(fault_at)
+            fn()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_crash_at_every_write_step_of_a_publish_leaves_a_sound_index_and_publishing_again_completes(tmp_path):
+    base = base_house(tmp_path)
+    new = [make_wheel(tmp_path / "in1", "drtk", "0.1.0+cu128torch2.9"),   # opens a channel
+           make_wheel(tmp_path / "in1", "tfree", "1.1.0+cu128")]           # lands in three channels
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    steps_log = tmp_path / "steps.log"
+    os.environ["FARM_WHEELHOUSE_STEPS"] = str(steps_log)
+    try:
+        assert in_child(lambda: publish(new, probe), None) == 0
+    finally:
+        del os.environ["FARM_WHEELHOUSE_STEPS"]
+    steps = steps_log.read_text().splitlines()
+    names = [s.split(" ", 1)[1] for s in steps]
+    assert "manifest: torn append" in names and any(n.startswith("placed") for n in names)
+    assert sum(n.startswith("page ") for n in names) >= 10
+    for n in range(1, len(steps) + 1):
+        house = tmp_path / f"crash{n}"
+        shutil.copytree(base, house)
+        assert in_child(lambda h=house: publish(new, h), n) == 137, steps[n - 1]
+        assert_sound(house)
+        journal = read_journal(house)
+        assert len(journal.entries) in (3, 5), steps[n - 1]
+        publish(new, house)
+        assert_sound(house)
+        for channel in ("cu128/torch2.8", "cu128/torch2.9"):
+            assert "tfree-1.1.0+cu128-cp311-cp311-manylinux_2_34_x86_64.whl" in [
+                f["filename"] for f in listed(house, channel, "tfree")], (steps[n - 1], channel)
+        assert [f["filename"] for f in listed(house, "cu128/torch2.9", "drtk")] == [new[0].name]
+        assert len(read_journal(house).entries) == 5
+        shutil.rmtree(house)
+
+
+@pytest.mark.slow
+def test_sigkill_of_farm_publish_at_50_random_moments(tmp_path):
+    seed = int(os.environ.get("FARM_TEST_SEED", time.time_ns() % 100000))
+    rng = random.Random(seed)
+    house = base_house(tmp_path)
+    labels = ["cu128torch2.8", "cu128torch2.9", "cu128", "cu130torch2.13", "cu130torch2.10"]
+    env = {**os.environ}
+    # Calibrate: how long does a publish take from its first write step to exit?
+    cal = make_wheel(tmp_path / "cal", "drtk", "0.0.1+cu128torch2.8")
+    steps_log = tmp_path / "cal.steps"
+    env["FARM_WHEELHOUSE_STEPS"] = str(steps_log)
+    proc = subprocess.Popen([*FARM, "publish", str(cal), "--wheelhouse", str(house)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    while not steps_log.exists() and proc.poll() is None:
+        time.sleep(0.001)
+    started = time.perf_counter()
+    assert proc.wait() == 0
+    window = (time.perf_counter() - started) * 1.2
+    landed = []
+    for i in range(50):
+        label = labels[i % len(labels)]
+        w = make_wheel(tmp_path / f"in{i}", "drtk" if "torch" in label else "tfree", f"0.2.{i}+{label}")
+        steps_log = tmp_path / f"{i}.steps"
+        env["FARM_WHEELHOUSE_STEPS"] = str(steps_log)
+        proc = subprocess.Popen([*FARM, "publish", str(w), "--wheelhouse", str(house)], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not steps_log.exists() and proc.poll() is None:
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0, window))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        last = steps_log.read_text().splitlines()[-1].split(" ", 1)[1] if steps_log.exists() else "start"
+        landed.append(last.split(" ")[0] if last.startswith(("page", "staged", "placed", "sidecar")) else last)
+        try:
+            assert check_links(house) == []
+            read_journal(house)
+            publish([w], house)  # publishing again completes
+            assert check_links(house) == []
+            assert w.name in [f["filename"] for f in listed(house, "simple", w.name.split("-")[0])]
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}, kill {i} after step {last!r}: {exc}") from None
+    assert_sound(house)
+    # The kills landed in different phases (not all before or after the writes).
+    assert len(set(landed)) >= 3, (seed, landed)
+
+
+WORKER = """
+import sys
+from pathlib import Path
+from farm.wheelhouse import publish
+house, wheels = sys.argv[1], sys.argv[2:]
+for w in wheels:
+    publish([w], house, record={"cell": Path(w).name})
+"""
+
+
+@pytest.mark.slow
+def test_eight_processes_publishing_twenty_wheels_each_end_with_all_160_listed(tmp_path):
+    house = tmp_path / "wh"
+    labels = ["cu128torch2.8", "cu128torch2.9", "cu130torch2.13", "cu128"]
+    jobs = []
+    for i in range(8):
+        ws = [make_wheel(tmp_path / f"in{i}", f"proj{i % 3}", f"1.{i}.{j}+{labels[(i + j) % 4]}")
+              for j in range(20)]
+        jobs.append(ws)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(house), *map(str, ws)], cwd=REPO,
+                              stderr=subprocess.PIPE, text=True) for ws in jobs]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    entries = read_journal(house).entries
+    assert len(entries) == 160
+    for ws in jobs:
+        for w in ws:
+            project, version = w.name.split("-")[:2]
+            label = version.split("+")[1]
+            channels = ([f"{label[:5]}/{label[5:]}"] if "torch" in label else ["cu128/torch2.8", "cu128/torch2.9"])
+            for root in ["simple", *channels]:
+                assert w.name in [f["filename"] for f in listed(house, root, project)], (w.name, root)
+                assert w.name in (house / root / project / "index.html").read_text()
+    assert_sound(house)
+
+
+def snapshot(house: Path, skip: str) -> dict[str, tuple[int, bytes]]:
+    return {p.relative_to(house).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in house.glob("cu*/**/*") if p.is_file() and not p.relative_to(house).as_posix().startswith(skip)}
+
+
+def test_a_publish_into_one_channel_leaves_every_other_channels_pages_untouched(tmp_path):
+    house = tmp_path / "wh"
+    publish([make_wheel(tmp_path / "in", "drtk", v) for v in
+             ("0.1.0+cu128torch2.8", "0.1.0+cu128torch2.9", "0.1.0+cu130torch2.10", "0.1.0+cu128")], house)
+    before = snapshot(house, "cu130/torch2.13")
+    assert len(before) >= 12
+    time.sleep(0.01)
+    publish([make_wheel(tmp_path / "in", "drtk", "0.1.0+cu130torch2.13")], house)
+    publish([make_wheel(tmp_path / "in", "other", "0.3.0+cu130torch2.13")], house)
+    assert snapshot(house, "cu130/torch2.13") == before
+    assert len(listed(house, "cu130/torch2.13", "drtk")) == 1 and len(listed(house, "cu130/torch2.13", "other")) == 1
