@@ -41,5 +41,15 @@ recipes-check: setup
 farm: setup
 	$(BIN)/farm run
 
+# Container engine (podman via the Docker CLI verbs) and debootstrap/qemu: idempotent, needs root.
+setup-engine:
+	sh scripts/setup-engine.sh
+
+# The builder image for this host (IMAGE_ARCH=aarch64 for the emulated ARM one); cached by its recipe.
+IMAGE_ARCH ?= $(shell uname -m)
+images: setup setup-engine
+	$(BIN)/farm images build --arch $(IMAGE_ARCH)
+	$(BIN)/farm images show
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nox
