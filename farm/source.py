@@ -317,7 +317,7 @@ def fetch_git(
         _fetch_mirror(mirror, url)
         sha = _resolve_ref(mirror, url, ref, where)
         if sha != commit:
-            raise BadInput(where, "source.git.commit", commit, f"tag {ref!r} of {url} resolves to {sha}, not {commit}")
+            raise BadInput(where, "source.git.commit", commit, f"ref {ref!r} of {url} resolves to {sha}, not {commit}")
     subs = _checkout(mirror, url, sha, Path(dest), submodules, prefix="", where=where)
     shown = ref if ref == sha else f"{ref} ({sha[:12]})"
     desc = f"git {url} @ {shown}" + (f" with {len(subs)} submodule(s)" if subs else "")

@@ -155,6 +155,13 @@ def test_git_submodules_are_fetched_and_their_commits_recorded(tmp_path):
     assert res.submodules == (("libs/sub", sub_sha), ("libs/sub/third_party/inner", inner_sha))
     assert res.key_inputs()["submodules"] == [["libs/sub", sub_sha], ["libs/sub/third_party/inner", inner_sha]]
 
+    # a recipe patch may reach into a submodule's files
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "sub.patch").write_text("--- a/libs/sub/sub.txt\n+++ b/libs/sub/sub.txt\n@@ -1 +1 @@\n-sub\n+patched\n")
+    prep(src(parent, top), tmp_path / "patched", submodules=True, patches=[{"file": "sub.patch"}], patches_dir=pdir)
+    assert (tmp_path / "patched/libs/sub/sub.txt").read_text() == "patched\n"
+
     plain = prep(src(parent, top), tmp_path / "plain", submodules=False)
     assert plain.submodules == () and not (tmp_path / "plain/libs/sub/sub.txt").exists()
 
