@@ -3,7 +3,9 @@
 The session list comes from the farm's cached plan (ids and tags, keyed by a
 hash of defaults/ and recipes/), so listing stays fast with the full grid.
 When specific build sessions are named on the command line only those are
-registered. Policy lives in the farm, not here.
+registered. Policy lives in the farm, not here. As with any noxfile, a bare
+`nox` runs every session, here every build: `make farm` is the parallel,
+resumable way to do that.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import nox
 from farm.plan import session_index
 
 nox.options.default_venv_backend = "none"
-nox.options.sessions = ["tests"]
 
 
 def _named_sessions(argv: list[str]) -> set[str] | None:

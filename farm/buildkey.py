@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cells import Cell
 from .policy import Defaults
 
-_REFERENCE = re.compile(r"\{(?:VER|LOCAL):([A-Za-z0-9_.-]+)\}")
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
 
 
@@ -80,7 +78,7 @@ class KeyMaker:
             patches = [self._patch_digest(recipe, p) for p in relevant.get("patches") or ()]
             source = relevant.get("source") or {}
             tree = tree_digest(recipe.source_path) if getattr(recipe, "source_path", None) else None
-            refs = sorted(set(_REFERENCE.findall(json.dumps(relevant.get("requires_dist") or []))) - {name})
+            refs = sorted(set(recipe.references()) - {name})
             self._recipe_digest[name] = digest({
                 "recipe": relevant, "patches": patches, "source": source, "tree": tree,
                 "references": {r: self.recipe_digest(r) for r in refs if r in self.recipes},

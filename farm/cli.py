@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import time
 
 from .errors import FarmError
 
@@ -20,8 +22,11 @@ COMMAND_MODULES = (
     "farm.commands.arch",
     "farm.commands.coverage",
     "farm.commands.recipes",
+    "farm.commands.plan",
     "farm.commands.wheelhouse",
     "farm.commands.images",
+    "farm.commands.verify",
+    "farm.commands.pam",
 )
 
 
@@ -35,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    mark = os.environ.get("FARM_START_MARK")
+    if mark:  # benchmarks measure how long a caller (e.g. nox) takes to reach the farm
+        with open(mark, "w") as fh:
+            fh.write(repr(time.time()))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
