@@ -23,6 +23,7 @@ ARCH_POLICY_FILE = "arch_policy.yml"
 GRID_POLICY_FILE = "python_cuda_torch_os_policy.yml"
 GPUS_FILE = "gpus.yml"
 PAM_FILE = "torch_arch_matrix.yml"
+PAM_MEASURED_FILE = "pam_measured.yml"   # written by `farm pam measure`, overrides PAM_FILE
 TOOLKITS_FILE = "cuda_toolkits.yml"
 
 
@@ -333,6 +334,19 @@ def load_pam(path: Path) -> Pam:
     return Pam(lanes["x86"], lanes["aarch64"], frozen(windows))
 
 
+def apply_pam_measured(pam: Pam, path: Path) -> Pam:
+    """`farm pam measure` results (same shape as the table) override it combo by combo (SPEC 5)."""
+    if not Path(path).exists():
+        return pam
+    measured = load_pam(path)
+    for lane_table, platform in ((measured.x86, "linux"), (measured.aarch64, "linux_aarch64")):
+        for (torch, cuda), arch_list in lane_table.items():
+            pam = pam.measured(torch, cuda, platform, arch_list)
+    for cuda, arch_list in measured.windows.items():
+        pam = pam.measured("", cuda, "windows", arch_list)
+    return pam
+
+
 # ---------------------------------------------------------------- the bundle
 
 @dataclass(frozen=True)
@@ -353,7 +367,7 @@ def _load(folder: Path) -> Defaults:
         arch_policy=load_arch_policy(folder / ARCH_POLICY_FILE, toolkits),
         toolkits=toolkits,
         gpus=load_gpus(folder / GPUS_FILE),
-        pam=load_pam(folder / PAM_FILE),
+        pam=apply_pam_measured(load_pam(folder / PAM_FILE), folder / PAM_MEASURED_FILE),
         folder=folder,
     )
 

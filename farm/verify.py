@@ -40,13 +40,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .archlist import ArchList, ArchToken
+from .archlist import ArchList
 from .errors import FarmError
 from .fatbin import FatbinError, FatbinReport, read_fatbin
 from .platforms import from_wheel_platform_tag, lane
 from .recipes import Verify as VerifyKnobs
+from .versions import cuda_tag
 from .versions import python_tag as _pytag
-from .versions import vtuple
 from .yamlio import write_atomic
 
 CHECKS = ("filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
@@ -408,6 +408,24 @@ def _requirement_key(text: str) -> str:
         return re.sub(r"\s+", "", text)
 
 
+def _requires_diff(want: Iterable[str], have: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(expected but absent, present but unexpected); an expected entry with `*` is a pattern."""
+    left = sorted(_requirement_key(r) for r in have)
+    missing = []
+    for w in sorted(want, key=lambda x: "*" in x):    # exact entries first, then patterns
+        if "*" in w:
+            pattern = re.sub(r"\s+", "", w)
+            hit = next((h for h in left if fnmatch.fnmatchcase(re.sub(r"\s+", "", h), pattern)), None)
+        else:
+            key = _requirement_key(w)
+            hit = key if key in left else None
+        if hit is None:
+            missing.append(w)
+        else:
+            left.remove(hit)
+    return missing, left
+
+
 def check_metadata(w: _Wheel, exp: Expectation) -> CheckResult:
     if w.zip_error:
         return CheckResult("metadata", "fail", f"not a readable zip: {w.zip_error}")
@@ -449,10 +467,8 @@ def check_metadata(w: _Wheel, exp: Expectation) -> CheckResult:
         problems.append(f"Requires-Dist names the torch family ({'; '.join(torchy)}): a resolver could pull "
                         f"torch from PyPI over the user's CUDA build")
     if exp.requires_dist is not None:
-        want = {_requirement_key(r) for r in exp.requires_dist}
-        have = {_requirement_key(r) for r in requires}
-        if want != have:
-            miss, extra = sorted(want - have), sorted(have - want)
+        miss, extra = _requires_diff(exp.requires_dist, requires)
+        if miss or extra:
             problems.append("Requires-Dist differs from the recipe's requires_dist"
                             + (f"; missing {miss}" if miss else "") + (f"; unexpected {extra}" if extra else ""))
     return _result("metadata", problems, [], f"Version {version_text}, RECORD complete and hashes match", details)
@@ -485,7 +501,7 @@ def check_elf(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None) -> Check
     bounds = [g for g in (_glibc_of_tag(p) for p in plats) if g]
     bound = min(bounds) if bounds else None
     problems: list[str] = []
-    details: dict = {"modules": {}, "glibc_bound": None if bound is None else "%d.%d" % bound}
+    details: dict = {"modules": {}, "glibc_bound": None if bound is None else _dotted(bound)}
 
     def allowed(lib: str) -> bool:
         if _SYSTEM_NEEDED.match(lib) or lib in shipped or lib in DRIVER_LIBS:
@@ -499,7 +515,7 @@ def check_elf(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None) -> Check
     for b in bins:
         e = b.elf
         details["modules"][b.member] = {"needed": list(e.needed), "rpath": list(e.rpaths),
-                                        "glibc": None if e.glibc is None else "%d.%d" % e.glibc}
+                                        "glibc": None if e.glibc is None else _dotted(e.glibc)}
         unknown = [n for n in e.needed if not allowed(n)]
         if unknown:
             problems.append(f"{b.member} needs {', '.join(unknown)}, which nobody provides "
@@ -538,8 +554,8 @@ def _fmt_sass(sm: int, variant: str) -> str:
     return f"sm_{sm}{variant}"
 
 
-def _token_text(sm: int, variant: str = "") -> str:
-    return f"{sm // 10}.{sm % 10}{variant}"
+def _dotted(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
 
 
 def check_arches(w: _Wheel, exp: Expectation) -> CheckResult:
@@ -915,8 +931,50 @@ def lowest_glibc(path: Path | str) -> str | None:
         demand = max((b.elf.glibc for b in w.elf_binaries() if b.elf.glibc), default=None)
         if w.zip is not None:
             w.zip.close()
-    return None if demand is None else "%d.%d" % demand
+    return None if demand is None else _dotted(demand)
 
 
-__all__ = ["CHECKS", "Expectation", "VerifyKnobs", "Report", "CheckResult", "GateCannotRun", "verify_wheel",
-           "verify_cell_wheel", "ArchToken", "vtuple"]
+
+
+# ---------------------------------------------------------------- cells (farm verify --cell)
+
+_PLACEHOLDER = re.compile(r"\{(VER|LOCAL)(?::([A-Za-z0-9_.-]+))?\}")
+
+
+def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:
+    """The recipe's requires_dist for this cell: {LOCAL}, {LOCAL:x} and pinned {VER:x} filled in.
+
+    A {VER:x} whose recipe pins no version is known only after x is built: it becomes `*`
+    (any version) and the metadata check matches that entry as a pattern.
+    """
+    if recipe.requires_dist is None:
+        return None
+
+    def fill(m: re.Match) -> str:
+        kind, other = m.group(1), m.group(2)
+        if kind == "LOCAL":
+            if other is None:
+                return cell.local_label
+            sibling = recipes.get(other)
+            torch = f"torch{cell.torch}" if sibling is not None and sibling.links_torch else ""
+            return cuda_tag(cell.cuda) + torch
+        pinned = getattr(recipes.get(other), "version", None)
+        return pinned or "*"
+
+    return tuple(_PLACEHOLDER.sub(fill, r) for r in recipe.requires_dist)
+
+
+def cell_expectation(cell_id: str) -> Expectation:
+    """What a cell of the plan promises (farm verify --cell): its label, tags, arch list and recipe knobs."""
+    try:
+        from .plan import find_cell, full_plan
+    except ImportError as exc:
+        raise GateCannotRun(f"--cell {cell_id}: the planner is not available ({exc}); "
+                            f"use --arch-list and --platform") from None
+    plan = full_plan()
+    cell = find_cell(cell_id, plan)
+    recipe = plan.recipes.get(cell.recipe_name)
+    if recipe is None:
+        raise GateCannotRun(f"--cell {cell_id}: no recipe {cell.recipe_name}")
+    return Expectation.for_cell(cell, knobs=recipe.verify, version=recipe.version,
+                                requires_dist=resolve_requires_dist(recipe, cell, plan.recipes))
