@@ -71,6 +71,7 @@ DRIVER_LIBS = ("libcuda.so.1", "libcuda.so")
 _TORCH_LIB = re.compile(r"^lib(?:torch[\w-]*|c10[\w-]*)\.so")
 # Mangled names in the at::, c10:: and torch:: namespaces (plain, const/volatile members, typeinfo/vtables).
 _TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
+_DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")   # the driver API: cuInit, cuModuleLoadData, ...
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
 IMPORT_TIMEOUT = 300
@@ -197,6 +198,7 @@ class _ElfFacts:
     rpaths: tuple[str, ...]        # RPATH and RUNPATH entries
     glibc: tuple[int, int] | None  # highest GLIBC_x.y demanded
     torch_symbols: tuple[str, ...]  # undefined at::/c10::/torch:: symbols (a few, for the message)
+    driver_symbols: tuple[str, ...] = ()  # undefined cu* symbols (what a libcuda stub must define)
 
 
 def _elf_facts(path: Path) -> _ElfFacts:
@@ -205,6 +207,7 @@ def _elf_facts(path: Path) -> _ElfFacts:
         needed, rpaths, soname = [], [], None
         glibc: tuple[int, int] | None = None
         torch_syms: list[str] = []
+        driver_syms: list[str] = []
         for sec in elf.iter_sections():
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
@@ -226,9 +229,14 @@ def _elf_facts(path: Path) -> _ElfFacts:
         dynsym = elf.get_section_by_name(".dynsym")
         if dynsym is not None:
             for sym in dynsym.iter_symbols():
-                if sym["st_shndx"] == "SHN_UNDEF" and _TORCH_SYMBOL.match(sym.name):
+                if sym["st_shndx"] != "SHN_UNDEF":
+                    continue
+                if _TORCH_SYMBOL.match(sym.name):
                     torch_syms.append(sym.name)
-        return _ElfFacts(elf["e_machine"], tuple(needed), soname, tuple(rpaths), glibc, tuple(torch_syms))
+                elif _DRIVER_SYMBOL.match(sym.name):
+                    driver_syms.append(sym.name)
+        return _ElfFacts(elf["e_machine"], tuple(needed), soname, tuple(rpaths), glibc, tuple(torch_syms),
+                         tuple(driver_syms))
 
 
 class _Wheel:
@@ -760,22 +768,36 @@ def _fits(w: _Wheel, version: tuple[int, int]) -> bool:
     return False
 
 
-def libcuda_stub_dir(workdir: Path) -> Path:
-    """A folder with libcuda.so.1 -> the toolkit's stub (needs_driver: import with a stub on the loader path)."""
-    candidates = []
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            candidates += [Path(home) / "lib64" / "stubs" / "libcuda.so",
-                           *sorted(Path(home).glob("targets/*/lib/stubs/libcuda.so"))]
-    stub = next((c for c in candidates if c.is_file()), None)
-    if stub is None:
-        raise GateCannotRun("verify.needs_driver: no libcuda stub found (set CUDA_HOME to a toolkit with "
-                            "lib64/stubs/libcuda.so)")
-    d = workdir / "libcuda-stub"
+def libcuda_stub_dir(w: _Wheel) -> Path:
+    """A folder with a libcuda.so.1 stub, for verify.needs_driver (there is no driver here).
+
+    The toolkit's own stub when one is found (CUDA_HOME/lib64/stubs); else one made here with the
+    C compiler: every driver function the wheel's modules use, each returning
+    CUDA_ERROR_NO_DEVICE (100), so that loading resolves and any call reports no device.
+    """
+    d = w.workdir / "libcuda-stub"
     d.mkdir(exist_ok=True)
     link = d / "libcuda.so.1"
-    if not link.exists():
-        link.symlink_to(stub)
+    if link.exists():
+        return d
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            found = [Path(home) / "lib64" / "stubs" / "libcuda.so",
+                     *sorted(Path(home).glob("targets/*/lib/stubs/libcuda.so"))]
+            stub = next((c for c in found if c.is_file()), None)
+            if stub is not None:
+                link.symlink_to(stub)
+                return d
+    names = sorted({s for b in w.elf_binaries() for s in b.elf.driver_symbols})
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise GateCannotRun("verify.needs_driver: no toolkit libcuda stub and no C compiler to make one")
+    src = d / "libcuda_stub.c"
+    src.write_text("".join(f"int {n}(void) {{ return 100; }}\n" for n in names) or "int cuInit(void) { return 100; }\n")
+    made = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(link), str(src)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise GateCannotRun(f"verify.needs_driver: making a libcuda stub failed: {made.stderr.strip()[-200:]}")
     return d
 
 
@@ -822,7 +844,7 @@ def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, pytho
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = str(target)
     if knobs.needs_driver:
-        stub = libcuda_stub_dir(w.workdir)
+        stub = libcuda_stub_dir(w)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(stub), env.get("LD_LIBRARY_PATH")]))
     cwd = w.workdir / "cwd"
     cwd.mkdir(exist_ok=True)

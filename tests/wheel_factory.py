@@ -64,7 +64,7 @@ C10_BODY = "if (_ZN3c1014farm_probe_c10Ev() < 0) return NULL;"
 NOWHERE_DECL = "extern int farm_nowhere(void);"
 NOWHERE_BODY = "if (farm_nowhere() < 0) return NULL;"
 CUDA_DRIVER_DECL = "extern int cuInit(unsigned int);"
-CUDA_DRIVER_BODY = "(void)&cuInit;"
+CUDA_DRIVER_BODY = "if (getenv(\"FARM_PROBE_CALL_DRIVER\")) cuInit(0);"
 
 
 def sass(sm: str) -> str:
@@ -118,7 +118,7 @@ class ModuleBuilder:
             out.with_suffix(".tmp.o").rename(out)
         return out
 
-    def helper_lib(self, name: str, source: str, cxx: bool = False) -> Path:
+    def helper_lib(self, name: str, source: str, cxx: bool = False, soname: str | None = None) -> Path:
         """A small shared library the tests link against (a fake libc10.so, a lib nobody ships)."""
         if name not in self._libs:
             d = self.root / "libs"
@@ -126,7 +126,8 @@ class ModuleBuilder:
             src = d / (name + (".cpp" if cxx else ".c"))
             src.write_text(source)
             out = d / f"lib{name}.so"
-            run(["g++" if cxx else GCC, "-shared", "-fPIC", "-o", out, src])
+            run(["g++" if cxx else GCC, "-shared", "-fPIC", *([f"-Wl,-soname,{soname}"] if soname else []),
+                 "-o", out, src])
             self._libs[name] = out
         return self._libs[name]
 
@@ -135,6 +136,13 @@ class ModuleBuilder:
 
     def nowhere_lib(self) -> Path:
         return self.helper_lib("farm_nowhere", "int farm_nowhere(void) { return 1; }\n")
+
+    def cuda_link_stub(self) -> Path:
+        """libcuda.so (soname libcuda.so.1) to LINK against: this machine has no driver and no toolkit stub.
+
+        It is never on the loader path; the gate brings its own stub for verify.needs_driver.
+        """
+        return self.helper_lib("cuda", "int cuInit(unsigned int flags) { return 100; }\n", soname="libcuda.so.1")
 
     def module(self, name: str, gencodes: tuple[str, ...], *, compress: str | None = "none", decl: str = "",
                body: str = "", link: tuple[str, ...] = (), out_name: str | None = None) -> Path:

@@ -1,0 +1,317 @@
+"""The verify gate (SPEC 9) on real wheels: tiny CUDA extension modules compiled here with nvcc.
+
+Each defect is built for real (a module linked against a fake libc10.so, an
+absolute RPATH, a library nobody ships, a wheel tagged below the glibc its module
+demands, a tampered file, twin modules that abort the process) and must fail the
+check SPEC 9 names for it, and only that check. The import check runs in a child
+process with CUDA_VISIBLE_DEVICES=""; these wheels do not link torch, so none is
+imported. End to end with the pipeline's farm_demo wheel: tests of the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from farmcli import run_farm
+from wheel_factory import (
+    C10_BODY,
+    C10_DECL,
+    CUDA_DRIVER_BODY,
+    CUDA_DRIVER_DECL,
+    GENCODE_SETS,
+    NOWHERE_BODY,
+    NOWHERE_DECL,
+    PY_TAG,
+    TWIN_BODY,
+    ext_name,
+    make_wheel,
+    session_builder,
+)
+
+from farm.archlist import ArchList
+from farm.recipes import AllowedMissing
+from farm.verify import CHECKS, Expectation, GateCannotRun, VerifyKnobs, verify_wheel
+
+INIT = b"from . import _probe\n"
+
+
+@pytest.fixture(scope="session")
+def builder(tmp_path_factory):
+    return session_builder(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def mod(builder):
+    """name -> built module (.so), each -gencode set compiled once per session."""
+    class Modules:
+        def __getitem__(self, key):
+            return builder.module("_probe", GENCODE_SETS[key])
+    return Modules()
+
+
+def expect(arch_list: str, **kw) -> Expectation:
+    base = dict(name="probe", version="1.0", local_label="cu130", python_tag=PY_TAG, platform="linux",
+                arch_list=ArchList.parse(arch_list), links_torch=False)
+    return Expectation(**{**base, **kw})
+
+
+def probe_wheel(tmp_path, so, *, extra: dict | None = None, **kw):
+    files = {"probe/__init__.py": INIT, f"probe/{ext_name('_probe')}": so, **(extra or {})}
+    return make_wheel(tmp_path, "probe", kw.pop("version", "1.0+cu130"), files, **kw)
+
+
+def statuses(report) -> dict[str, str]:
+    return {c.name: c.status for c in report.checks}
+
+
+# ---------------------------------------------------------------- passes
+
+def test_a_wheel_that_keeps_its_promise_passes_every_check(tmp_path, mod):
+    report = verify_wheel(probe_wheel(tmp_path, mod["8.0+8.9+PTX"]), expect("8.0 8.9+PTX"))
+    assert [c.name for c in report.checks] == list(CHECKS)
+    assert statuses(report) == dict.fromkeys(CHECKS, "pass"), report.lines()
+    assert report.passed
+    doc = json.loads(report.to_json())
+    assert doc["passed"] and doc["failed"] == [] and doc["expectation"]["arch_list"] == "8.0 8.9+PTX"
+    arches = report.check("arches").details
+    assert arches["union"] == {"sass": ["sm_80", "sm_89"], "ptx": ["compute_89"]}
+    assert report.check("import").details["modules"] == ["probe", "probe._probe"]
+
+
+def test_arch_check_takes_the_union_of_modules_and_reports_each(tmp_path, builder):
+    plain = builder.module("_probe", GENCODE_SETS["9.0"])
+    specific = builder.module("_probe_sm90a", GENCODE_SETS["9.0a"])
+    wheel = probe_wheel(tmp_path, plain, extra={f"probe/{ext_name('_probe_sm90a')}": specific})
+    report = verify_wheel(wheel, expect("9.0 9.0a"))
+    assert report.passed and statuses(report)["arches"] == "pass", report.lines()
+    per_module = report.check("arches").details["modules"]
+    assert per_module[f"probe/{ext_name('_probe')}"]["sass"] == ["sm_90"]
+    assert per_module[f"probe/{ext_name('_probe_sm90a')}"]["sass"] == ["sm_90a"]
+
+
+# ---------------------------------------------------------------- fails, each naming its check
+
+def failed_only(report, check: str, *words: str) -> str:
+    assert report.failed == [check], report.lines()
+    message = report.check(check).message
+    for w in words:
+        assert w in message, message
+    return message
+
+
+def test_missing_sub_arch_fails_arches(tmp_path, mod):
+    # sageattention's case: 8.0 built, 8.9 asked. A family-level check would let it through.
+    report = verify_wheel(probe_wheel(tmp_path, mod["8.0"]), expect("8.0 8.9"))
+    failed_only(report, "arches", "no SASS for sm_89")
+    assert report.check("arches").details["missing"] == ["8.9"]
+    assert statuses(report)["import"] == "skip"
+
+
+def test_arch_specific_asked_and_plain_shipped_fails_arches(tmp_path, mod):
+    report = verify_wheel(probe_wheel(tmp_path, mod["9.0"]), expect("9.0a"))
+    failed_only(report, "arches", "no SASS for sm_90a", "only sm_90 shipped")
+
+
+def test_ptx_token_without_ptx_fails_arches(tmp_path, mod):
+    report = verify_wheel(probe_wheel(tmp_path, mod["8.0"]), expect("8.0+PTX"))
+    failed_only(report, "arches", "no PTX for compute_80")
+
+
+def test_torch_free_wheel_that_links_libc10_fails_torch_linkage(tmp_path, builder):
+    libc10 = builder.fake_libc10()
+    so = builder.module("_probe", GENCODE_SETS["8.0"], decl=C10_DECL, body=C10_BODY,
+                        link=(f"-L{libc10.parent}", "-lc10"))
+    wheel = probe_wheel(tmp_path, so)
+    failed_only(verify_wheel(wheel, expect("8.0")), "torch_linkage", "libc10.so", "_ZN3c10")
+    # The same wheel from a torch-linked recipe is fine: libc10 is torch's.
+    linked = verify_wheel(wheel, expect("8.0", links_torch=True), skip_import=True)
+    assert linked.passed, linked.lines()
+
+
+def test_absolute_rpath_fails_elf(tmp_path, builder):
+    so = builder.module("_probe", GENCODE_SETS["8.0"], link=("-Xlinker", "-rpath=/opt/farm/lib:$ORIGIN"))
+    failed_only(verify_wheel(probe_wheel(tmp_path, so), expect("8.0")), "elf", "/opt/farm/lib")
+
+
+def test_needed_library_nobody_provides_fails_elf(tmp_path, builder):
+    lib = builder.nowhere_lib()
+    so = builder.module("_probe", GENCODE_SETS["8.0"], decl=NOWHERE_DECL, body=NOWHERE_BODY,
+                        link=(f"-L{lib.parent}", "-lfarm_nowhere"))
+    failed_only(verify_wheel(probe_wheel(tmp_path / "a", so), expect("8.0")), "elf", "libfarm_nowhere.so")
+    # Shipped in the wheel, or allowed by the recipe, it is provided.
+    shipped = probe_wheel(tmp_path / "b", so, extra={"probe/libfarm_nowhere.so": lib})
+    assert statuses(verify_wheel(shipped, expect("8.0"), skip_import=True))["elf"] == "pass"
+    allowed = expect("8.0", knobs=VerifyKnobs(allowed_needed=("libfarm_nowhere*",)))
+    assert statuses(verify_wheel(probe_wheel(tmp_path / "c", so), allowed, skip_import=True))["elf"] == "pass"
+
+
+def test_glibc_demand_above_the_manylinux_tag_fails_elf(tmp_path, mod):
+    # Built on this host (glibc 2.36, nvcc's runtime demands 2.34) but tagged for the production image.
+    wheel = probe_wheel(tmp_path, mod["8.0"], tag=f"{PY_TAG}-{PY_TAG}-manylinux_2_28_x86_64")
+    failed_only(verify_wheel(wheel, expect("8.0")), "elf", "GLIBC_2.34", "2.28")
+
+
+def test_record_hash_mismatch_fails_metadata(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"], tamper="probe/__init__.py")
+    failed_only(verify_wheel(wheel, expect("8.0")), "metadata", "RECORD mismatch", "probe/__init__.py")
+
+
+def test_metadata_version_different_from_the_file_name_fails_metadata(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"], metadata_version="1.0")
+    failed_only(verify_wheel(wheel, expect("8.0")), "metadata", "METADATA Version 1.0", "1.0+cu130")
+
+
+def test_pure_wheel_where_binaries_are_required_fails_binaries(tmp_path):
+    wheel = make_wheel(tmp_path, "probe", "1.0+cu130", {"probe/__init__.py": b"VALUE = 1\n"}, tag="py3-none-any")
+    failed_only(verify_wheel(wheel, expect("8.0")), "binaries", "no compiled module")
+    allowed = verify_wheel(wheel, expect("8.0", knobs=VerifyKnobs(allow_pure_python=True)))
+    assert allowed.passed, allowed.lines()
+    assert statuses(allowed)["import"] == "pass"
+
+
+def test_requires_dist_naming_torch_fails_metadata(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"], requires_dist=("numpy", "torch>=2.0"))
+    failed_only(verify_wheel(wheel, expect("8.0")), "metadata", "torch family", "torch>=2.0")
+
+
+def test_requires_dist_must_equal_the_recipes_when_set(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"], requires_dist=("numpy",))
+    failed_only(verify_wheel(wheel, expect("8.0", requires_dist=("numpy>=1.20",)), skip_import=True),
+                "metadata", "missing ['numpy>=1.20']", "unexpected ['numpy']")
+    assert verify_wheel(wheel, expect("8.0", requires_dist=("numpy",)), skip_import=True).passed
+    # {VER:x} of a recipe whose version is known only after its build: matched as a pattern.
+    sibling = probe_wheel(tmp_path / "s", mod["8.0"], requires_dist=("cumm==0.7.11+cu130",))
+    assert verify_wheel(sibling, expect("8.0", requires_dist=("cumm==*+cu130",)), skip_import=True).passed
+
+
+def test_filename_that_breaks_the_cells_promise_fails_filename(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"], version="1.0+cu128")
+    failed_only(verify_wheel(wheel, expect("8.0")), "filename", "+cu128", "+cu130")
+    unrepaired = probe_wheel(tmp_path / "u", mod["8.0"], tag=f"{PY_TAG}-{PY_TAG}-linux_x86_64")
+    failed_only(verify_wheel(unrepaired, expect("8.0")), "filename", "not a manylinux tag")
+
+
+@pytest.fixture(scope="session")
+def twins(builder):
+    return {side: builder.module(f"_ops_{side}", GENCODE_SETS["8.0"], body=TWIN_BODY) for side in ("cpu", "cuda")}
+
+
+def twin_wheel(tmp_path, twins):
+    files = {"twin/__init__.py": b"from . import _ops_cpu  # the package loads exactly one of its twins\n",
+             f"twin/{ext_name('_ops_cpu')}": twins["cpu"], f"twin/{ext_name('_ops_cuda')}": twins["cuda"]}
+    return make_wheel(tmp_path, "twin", "1.0+cu130", files)
+
+
+def test_twin_modules_imported_directly_crash_the_import_check(tmp_path, twins):
+    report = verify_wheel(twin_wheel(tmp_path, twins), expect("8.0", name="twin"))
+    message = failed_only(report, "import", "SIGABRT", "twin._ops_cuda", "no_direct_import")
+    assert "killed the child process" in message
+
+
+def test_no_direct_import_prevents_the_twin_crash(tmp_path, twins):
+    knobs = VerifyKnobs(no_direct_import=("*_cpu.*", "*_cuda.*"))
+    report = verify_wheel(twin_wheel(tmp_path, twins), expect("8.0", name="twin", knobs=knobs))
+    assert report.passed, report.lines()
+    details = report.check("import").details
+    assert details["modules"] == ["twin"]
+    assert details["not_imported_directly"] == ["twin._ops_cpu", "twin._ops_cuda"]
+
+
+# ---------------------------------------------------------------- warns, does not fail
+
+def test_an_extra_arch_warns_and_passes(tmp_path, mod):
+    report = verify_wheel(probe_wheel(tmp_path, mod["8.0+8.9+PTX"]), expect("8.0"))
+    assert report.passed and report.warned == ["arches"], report.lines()
+    assert "extra archs beyond the list: sm_89, compute_89" in report.check("arches").message
+
+
+def test_a_compressed_ptx_entry_warns_and_passes(tmp_path, builder):
+    so = builder.module("_probe", GENCODE_SETS["8.0+PTX"], compress=None)   # nvcc 13's default: zstd PTX
+    report = verify_wheel(probe_wheel(tmp_path, so), expect("8.0+PTX"))
+    assert report.passed and report.warned == ["arches"], report.lines()
+    assert "compute_80 (zstd)" in report.check("arches").message
+
+
+def test_waivers_print_their_reason(tmp_path, mod):
+    wheel = probe_wheel(tmp_path, mod["8.0"])
+    waiver = {"linux": AllowedMissing(ArchList.parse("8.9"), "upstream documents no 8.9 build")}
+    waived = verify_wheel(wheel, expect("8.0 8.9", knobs=VerifyKnobs(allow_missing_archs=waiver)))
+    assert waived.passed and waived.warned == ["arches"], waived.lines()
+    assert "upstream documents no 8.9 build" in waived.check("arches").message
+    # A waiver for another platform waives nothing here.
+    other = {"linux_aarch64": AllowedMissing(ArchList.parse("8.9"), "no ARM build")}
+    assert verify_wheel(wheel, expect("8.0 8.9", knobs=VerifyKnobs(allow_missing_archs=other))).failed == ["arches"]
+    skipped = verify_wheel(wheel, expect("12.0", knobs=VerifyKnobs(skip_arch="kernels compiled by NVRTC")))
+    assert skipped.passed and statuses(skipped)["arches"] == "skip"
+    assert "kernels compiled by NVRTC" in skipped.check("arches").message
+
+
+# ---------------------------------------------------------------- import details
+
+def test_import_errors_fail_unless_a_device_error_is_expected(tmp_path, mod):
+    raising = {"probe/__init__.py": b"raise RuntimeError('CUDA driver initialization failed: no device')\n"}
+    wheel = probe_wheel(tmp_path, mod["8.0"], extra=raising)
+    failed_only(verify_wheel(wheel, expect("8.0")), "import", "RuntimeError", "CUDA driver")
+    for expected in (True, "driver initialization failed"):
+        forgiven = verify_wheel(wheel, expect("8.0", knobs=VerifyKnobs(expect_device_error=expected)))
+        assert forgiven.passed, forgiven.lines()
+        assert "forgiven" in forgiven.check("import").message
+    other = verify_wheel(wheel, expect("8.0", knobs=VerifyKnobs(expect_device_error="CUDA is not available")))
+    assert other.failed == ["import"]
+
+
+def test_needs_driver_imports_with_a_libcuda_stub(tmp_path, builder):
+    link_stub = builder.cuda_link_stub()
+    so = builder.module("_probe", GENCODE_SETS["8.0"], decl=CUDA_DRIVER_DECL, body=CUDA_DRIVER_BODY,
+                        link=(f"-L{link_stub.parent}", "-lcuda"))
+    wheel = probe_wheel(tmp_path, so)
+    without = verify_wheel(wheel, expect("8.0"))
+    failed_only(without, "import", "libcuda.so.1")
+    assert verify_wheel(wheel, expect("8.0", knobs=VerifyKnobs(needs_driver=True))).passed
+
+
+def test_torch_linked_wheel_without_a_torch_env_cannot_be_judged(tmp_path, mod):
+    with pytest.raises(GateCannotRun, match="torch environment"):
+        verify_wheel(probe_wheel(tmp_path, mod["8.0"]), expect("8.0", links_torch=True))
+
+
+# ---------------------------------------------------------------- the command
+
+def test_farm_verify_exit_codes_and_report(tmp_path, mod):
+    good = probe_wheel(tmp_path / "good", mod["8.0+8.9+PTX"])
+    bad = probe_wheel(tmp_path / "bad", mod["8.0"])
+    report = tmp_path / "report.json"
+    common = ["--arch-list", "8.0 8.9+PTX", "--platform", "linux", "--cuda", "13.0",
+              "--python", f"{sys.version_info[0]}.{sys.version_info[1]}"]
+    ok = run_farm("verify", str(good), *common, "--report", str(report))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("PASS ") and json.loads(report.read_text())["passed"] is True
+    failed = run_farm("verify", str(good), str(bad), *common, "--skip-import", "--report", str(report))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "FAIL probe" in failed.stdout and "no SASS for sm_89" in failed.stdout
+    doc = json.loads(report.read_text())
+    assert [w["passed"] for w in doc["wheels"]] == [True, False]
+    assert doc["wheels"][1]["failed"] == ["arches"]
+    missing = run_farm("verify", str(tmp_path / "nope.whl"), *common)
+    assert missing.returncode == 2 and "no such wheel file" in missing.stderr
+    no_platform = run_farm("verify", str(good), "--arch-list", "8.0")
+    assert no_platform.returncode == 2 and "--platform" in no_platform.stderr
+    bad_list = run_farm("verify", str(good), "--arch-list", "8.0 sm_89", "--platform", "linux")
+    assert bad_list.returncode == 2 and "sm_89" in bad_list.stderr
+    assert len(bad_list.stderr.strip().splitlines()) == 1
+
+
+def test_farm_verify_cell_takes_the_promise_from_the_plan(tmp_path, mod):
+    # The farm_demo cell expects +cu130torch2.13 and its policy list; a probe wheel is not that.
+    wheel = probe_wheel(tmp_path, mod["8.0"])
+    result = run_farm("verify", str(wheel), "--cell", f"farm_demo-cu130-torch2.13-py{PY_TAG[2:]}", "--skip-import",
+                      "--format", "json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)["wheels"][0]
+    assert doc["expectation"]["local_label"] == "cu130torch2.13" and doc["expectation"]["links_torch"] is True
+    assert "filename" in doc["failed"] and "arches" in doc["failed"]
+    unknown = run_farm("verify", str(wheel), "--cell", "no_such_package-cu130-py311")
+    assert unknown.returncode == 2 and "no such cell" in unknown.stderr
+
