@@ -758,7 +758,7 @@ def _python_version(python: Path) -> tuple[int, int]:
 
 def _fits(w: _Wheel, version: tuple[int, int]) -> bool:
     for t in w.tags:
-        if t.interpreter.startswith("py") or t.abi == "none" and t.interpreter.startswith("py"):
+        if t.interpreter.startswith("py"):
             return True
         m = re.fullmatch(r"cp(\d)(\d+)", t.interpreter)
         if m:
@@ -859,11 +859,14 @@ def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, pytho
               if ln.startswith("FARM-IMPORT ")]
     details = {"python": str(python), "modules": modules, "not_imported_directly": skipped,
                "events": events, "stderr_tail": child.stderr.strip().splitlines()[-10:]}
+    torch_error = next((e["error"] for e in events if e["module"] == "torch" and e["event"] == "error"), None)
+    if torch_error:
+        raise GateCannotRun(f"torch does not import in {python}: {torch_error}")
     problems, forgiven = [], []
     imported = [e["module"] for e in events if e["event"] == "ok"]
     for e in events:
         if e["event"] == "error":
-            if e["module"] != "torch" and _forgiven(knobs.expect_device_error, e["error"]):
+            if _forgiven(knobs.expect_device_error, e["error"]):
                 forgiven.append(f"{e['module']}: {e['error']}")
             else:
                 problems.append(f"import {e['module']} failed: {e['error']}")

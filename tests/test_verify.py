@@ -315,3 +315,37 @@ def test_farm_verify_cell_takes_the_promise_from_the_plan(tmp_path, mod):
     unknown = run_farm("verify", str(wheel), "--cell", "no_such_package-cu130-py311")
     assert unknown.returncode == 2 and "no such cell" in unknown.stderr
 
+
+
+# ---------------------------------------------------------------- against a real torch environment
+
+@pytest.fixture(scope="session")
+def torch_env():
+    """The cell's base environment: PyPI's torch 2.13.0 for CUDA 13.0 (built once in the farm cache)."""
+    from farm.environments import EnvRequest, base_environment, download_environment
+
+    req = EnvRequest(python=f"{sys.version_info[0]}.{sys.version_info[1]}", torch_pin="2.13.0", cuda="13.0")
+    download_environment(req)
+    return base_environment(req, sys.executable).path
+
+
+TORCH_OPS_INIT = b"""import torch
+from . import _probe
+torch.library.define("farm_probe::twice", "(Tensor x) -> Tensor")
+torch.library.impl("farm_probe::twice", "CPU")(lambda x: x * 2)
+"""
+
+
+@pytest.mark.slow
+def test_torch_linked_wheel_imports_after_torch_and_its_ops_are_checked(tmp_path, mod, torch_env):
+    wheel = probe_wheel(tmp_path, mod["8.0+8.9+PTX"], version="1.0+cu130torch2.13",
+                        extra={"probe/__init__.py": TORCH_OPS_INIT})
+    promised = expect("8.0 8.9+PTX", local_label="cu130torch2.13", links_torch=True,
+                      knobs=VerifyKnobs(expect_ops=("farm_probe::twice",)))
+    report = verify_wheel(wheel, promised, torch_env=torch_env)
+    assert report.passed and report.warned == [], report.lines()
+    events = report.check("import").details["events"]
+    assert [e["module"] for e in events if e["event"] == "ok"][0] == "torch"   # torch first
+    missing_op = expect("8.0 8.9+PTX", local_label="cu130torch2.13", links_torch=True,
+                        knobs=VerifyKnobs(expect_ops=("farm_probe::thrice",)))
+    failed_only(verify_wheel(wheel, missing_op, torch_env=torch_env), "import", "farm_probe::thrice")
