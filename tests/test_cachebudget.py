@@ -1,0 +1,106 @@
+"""Cache entries: built once under a lock, never seen half-built, evicted least-recently-used
+under FARM_CACHE_BUDGET_GB, never while another process uses them (real flock, real processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farm import cachebudget as C
+
+
+def _filler(size: int):
+    def build(path: Path) -> dict:
+        (path / "blob").write_bytes(os.urandom(size))
+        return {"kind": "test"}
+    return build
+
+
+def test_a_crash_mid_build_leaves_nothing_that_looks_complete(tmp_path):
+    entry = tmp_path / "envs" / "e1"
+
+    def crash(path: Path) -> dict:
+        (path / "half").write_text("x")
+        raise RuntimeError("killed mid-build")
+
+    with pytest.raises(RuntimeError):
+        C.acquire(entry, crash)
+    assert not entry.exists() and C.read_marker(entry) is None
+    # A directory left by a hard kill (no marker) is rebuilt, not used.
+    entry.mkdir(parents=True)
+    (entry / "stale").write_text("x")
+    lease = C.acquire(entry, _filler(10))
+    assert lease.built and not (entry / "stale").exists() and (entry / "blob").exists()
+    lease.close()
+    again = C.acquire(entry, crash)          # complete: the builder is not called
+    assert not again.built and again.info["kind"] == "test"
+    again.close()
+
+
+def test_concurrent_builders_build_once(tmp_path):
+    entry = tmp_path / "toolkits" / "t1"
+    code = (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from pathlib import Path\n"
+        "from farm import cachebudget as C\n"
+        "def b(p):\n"
+        "    time.sleep(1.0); (p / 'n').write_text('x')\n"
+        "    with open(%r, 'a') as f: f.write('built\\n')\n"
+        "    return {}\n"
+        "C.acquire(Path(%r), b).close()\n"
+    ) % (str(Path(__file__).resolve().parent.parent), str(tmp_path / "count"), str(entry))
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    assert (tmp_path / "count").read_text() == "built\n"
+
+
+def test_eviction_is_lru_within_budget_and_spares_entries_in_use(tmp_path):
+    mib = 1024 * 1024
+    entries = [tmp_path / "envs" / f"e{i}" for i in range(4)]
+    for i, e in enumerate(entries):
+        C.acquire(e, _filler(mib)).close()
+        os.utime(C.lock_file(e), (1000 + i, 1000 + i))     # e0 oldest ... e3 newest
+    dl = tmp_path / "downloads"
+    dl.mkdir()
+    (dl / "old-1.0-py3-none-any.whl").write_bytes(b"x" * mib)
+    os.utime(dl / "old-1.0-py3-none-any.whl", (500, 500))
+    # Another process uses e0 (the oldest): it must survive.
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_SH);"
+         " print('held', flush=True); time.sleep(60)", str(C.lock_file(entries[0]))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        removed = C.enforce_budget(tmp_path, budget=int(2.5 * mib))
+    finally:
+        holder.kill()
+        holder.wait()
+    names = [p.name for p in removed]
+    assert names == ["old-1.0-py3-none-any.whl", "e1", "e2"]
+    assert entries[0].exists() and entries[3].exists()
+    assert not entries[1].exists() and not entries[2].exists()
+
+
+def test_budget_setting_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "0")
+    assert C.budget_bytes() is None
+    monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "1.5")
+    assert C.budget_bytes() == int(1.5 * 1024**3)
+    monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "lots")
+    with pytest.raises(Exception) as err:
+        C.budget_bytes()
+    assert "FARM_CACHE_BUDGET_GB" in str(err.value)
+
+
+def test_lease_marks_last_use(tmp_path):
+    entry = tmp_path / "overlays" / "o1"
+    C.acquire(entry, _filler(1)).close()
+    os.utime(C.lock_file(entry), (1000, 1000))
+    C.acquire(entry, _filler(1)).close()
+    assert C.lock_file(entry).stat().st_mtime > time.time() - 60

@@ -1,0 +1,145 @@
+"""Step 2, environments: host-side downloads for the target, an immutable base venv with the
+cell's exact torch (checked), per-cell overlays for build_deps.
+
+All real: pip against PyPI (downloads cached under farm.paths.cache_dir()), the real
+torch 2.13.0 CUDA 13.0 wheel, and a venv from the host's pyenv Python 3.11.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from farm import downloads as D
+from farm import environments as E
+from farm.downloads import DownloadSet
+
+PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
+REQ = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="13.0", platform="linux")
+CPU_TORCH = Path("/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+
+needs_py311 = pytest.mark.skipif(not PY311.exists(), reason="needs the host's pyenv Python 3.11.7")
+
+
+@pytest.fixture(scope="module")
+def downloads():
+    return E.download_environment(REQ)
+
+
+@pytest.fixture(scope="module")
+def base_env(downloads):
+    return E.base_environment(REQ, PY311, target="host")
+
+
+def test_platform_tags_spell_out_every_older_manylinux():
+    tags = D.platform_tags("linux", "2.28")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_27_x86_64" in tags
+    assert "manylinux_2_17_x86_64" in tags and tags[-1] == "manylinux2014_x86_64"
+    assert not any(t.startswith("linux_") for t in tags)
+    assert D.platform_tags("linux_aarch64", "2.34")[0] == "manylinux_2_34_aarch64"
+
+
+def test_torch_comes_from_pypi_only_when_its_default_build_is_the_cells_line(monkeypatch):
+    assert E.torch_index("2.13.0", "13.0", "linux").url == D.PYPI_SIMPLE
+    monkeypatch.setenv("FARM_TORCH_INDEX_URL", "http://127.0.0.1:9/whl/")
+    other = E.torch_index("2.13.0", "12.8", "linux")
+    assert other.url == "http://127.0.0.1:9/whl/cu128" and other.extra_url == D.PYPI_SIMPLE
+    assert E.torch_index("2.9.1", "13.0", "linux").url.endswith("/cu130")   # PyPI's 2.9 is 12.8
+    assert E.torch_index("2.13.0+cu130", "13.0", "linux").url.endswith("/cu130")
+
+
+def test_an_unreachable_torch_index_is_reported_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("FARM_TORCH_INDEX_URL", "http://127.0.0.1:9/whl")
+    req = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="12.8")
+    with pytest.raises(E.EnvironmentError_) as err:
+        E.download_environment(req, root=tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and "FARM_TORCH_INDEX_URL" in msg and "http://127.0.0.1:9/whl/cu128" in msg
+    assert "unreachable" in msg
+
+
+@pytest.mark.slow
+def test_downloads_are_for_the_target_and_never_twice(downloads):
+    torch_whl = downloads.file_for("torch")
+    assert torch_whl is not None and torch_whl.name == "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert downloads.file_for("nvidia-cuda-runtime") is not None      # CUDA 13.0 runtime wheels came along
+    assert downloads.file_for("ninja") is not None
+    assert not any("+cpu" in f.name for f in downloads.files)         # not this machine's CPU find-links
+    t0 = time.monotonic()
+    again = E.download_environment(REQ)
+    assert time.monotonic() - t0 < 1.0 and again.files == downloads.files
+
+
+@pytest.mark.slow
+@needs_py311
+def test_base_environment_has_the_exact_torch_and_records_its_arch_list(base_env):
+    env = base_env
+    assert env.torch_version.split("+")[0] == "2.13.0" and env.torch_cuda == "13.0"
+    assert env.python_version.startswith("3.11.")
+    # PAM evidence: torch's own compiled arch list, read without a GPU.
+    assert env.torch_arch_flags and "sm_90" in env.torch_arch_flags.split()
+    assert "9.0" in env.torch_arch_list.split()
+    info = json.loads((env.path / ".farm-complete.json").read_text())
+    assert info["probe"]["torch"] == env.torch_version and "torch==2.13.0" in info["pins"]
+    # nvidia/cu13/include carries the cuSPARSE/cuBLAS/cuSOLVER headers torch's CUDA headers need.
+    inc = [p for p in env.nvidia_include_dirs() if p.parent.name == "cu13"]
+    assert inc and (inc[0] / "cusparse.h").is_file() and (inc[0] / "cublas_v2.h").is_file()
+    # Immutable once complete.
+    assert (env.site_packages / "torch" / "__init__.py").stat().st_mode & 0o222 == 0
+
+
+@pytest.mark.slow
+@needs_py311
+def test_second_base_environment_call_is_a_cache_hit(base_env):
+    t0 = time.monotonic()
+    again = E.base_environment(REQ, PY311, target="host")
+    assert time.monotonic() - t0 < 3.0
+    assert again.path == base_env.path and again.torch_version == base_env.torch_version
+
+
+@pytest.mark.slow
+@needs_py311
+def test_requested_and_installed_torch_mismatch_fails_with_both_values(base_env):
+    with pytest.raises(E.TorchMismatch) as err:
+        E.check_torch(base_env.torch_version, base_env.torch_cuda, "2.13.0", "12.8", where=str(base_env.path))
+    msg = str(err.value)
+    assert base_env.torch_version in msg and "CUDA 13.0" in msg and "CUDA 12.8" in msg and "2.13.0" in msg
+    with pytest.raises(E.TorchMismatch):
+        E.check_torch("2.13.0+cu130", "13.0", "2.13.1", "13.0")
+    E.check_torch("2.8.0+cu128", "12.8", "2.8.0", "12.8")
+
+
+@pytest.mark.slow
+@needs_py311
+@pytest.mark.skipif(not CPU_TORCH.exists(), reason="needs this machine's CPU torch wheel")
+def test_a_cpu_torch_in_the_base_fails_the_check_and_leaves_no_complete_env(downloads, tmp_path):
+    # The real trap on this machine: pip's find-links offer a CPU torch 2.13.0 for `torch==2.13.0`.
+    pure = [f for f in downloads.files if f.name.endswith("-none-any.whl") and "cuda_toolkit" not in f.name]
+    fake = DownloadSet(("torch==2.13.0",), (CPU_TORCH, *pure), downloads.manifest)
+    with pytest.raises(E.TorchMismatch) as err:
+        E.base_environment(REQ, PY311, target="cpu-trap", downloads=fake, root=tmp_path)
+    msg = str(err.value)
+    assert "2.13.0+cpu" in msg and "CUDA none" in msg and "CUDA 13.0" in msg
+    assert not list((tmp_path / "envs").glob("*/.farm-complete.json"))
+    assert not [p for p in (tmp_path / "envs").iterdir() if not p.name.startswith(".")]
+
+
+@pytest.mark.slow
+@needs_py311
+def test_overlay_adds_build_deps_over_the_read_only_base_with_pins_recorded(base_env):
+    dl = E.download_build_deps(REQ, ["pybind11"])
+    overlay = E.overlay_environment(base_env, ["pybind11"], downloads=dl, req=REQ)
+    assert overlay.base == base_env.path and overlay.path != base_env.path
+    assert any(p.startswith("pybind11==") for p in overlay.pins)
+    assert not any(p.startswith("torch==") for p in overlay.pins)          # torch stays in the base
+    assert not (overlay.site_packages / "torch").exists()
+    out = os.popen(f"{overlay.python} -c 'import pybind11, torch; print(torch.__file__)'").read()
+    assert str(base_env.site_packages) in out
+    assert E.overlay_environment(base_env, [], req=REQ) is base_env
+    t0 = time.monotonic()
+    E.overlay_environment(base_env, ["pybind11"], req=REQ)
+    assert time.monotonic() - t0 < 2.0
