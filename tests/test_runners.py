@@ -232,3 +232,17 @@ def test_host_runner_refuses_another_architecture():
         HostRunner(arch="aarch64")
     with pytest.raises(BadInput, match="--runner"):
         get_runner("vm")
+
+
+@pytest.mark.container
+@pytest.mark.arm
+def test_container_runner_runs_the_entrypoint_in_the_emulated_aarch64_image(probe_dir, tmp_path):
+    from test_images import arm_image_or_skip
+
+    arm = arm_image_or_skip(ensure_engine())
+    runner = get_runner("container", arch="aarch64", image=arm, entrypoint="probe_steps")
+    mounts, env = _mounts(runner, tmp_path, probe_dir)
+    code, log = runner.run_step(["exit", "5"], env, mounts, network=False, log_path=tmp_path / "arm.log")
+    assert code == 5, log.read_text()
+    d = runner.describe()
+    assert d["arch"] == "aarch64" and d["emulated"] is True and d["plat"] == "manylinux_2_34_aarch64"

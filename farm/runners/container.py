@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -138,7 +139,7 @@ class ContainerRunner(Runner):
         try:
             # Built at the path it is later mounted at: a venv's scripts name their own path.
             script = (f"{python} -m venv {TOOLS_TARGET} && {TOOLS_TARGET}/bin/python -m pip install --quiet "
-                      f"--no-index --find-links /farm/wheels " + " ".join(f"'{r}'" for r in reqs))
+                      "--no-index --find-links /farm/wheels " + " ".join(shlex.quote(r) for r in reqs))
             res = self.engine.run(self.image.ref, ["sh", "-c", script], log_path=log, network=False,
                                   mounts=[Mount(tmp, TOOLS_TARGET), Mount(wheels, "/farm/wheels", read_only=True)],
                                   arch=self.arch)
