@@ -25,6 +25,7 @@ from wheel_factory import (
     NOWHERE_DECL,
     PY_TAG,
     TWIN_BODY,
+    assert_folder_agrees_with_cuobjdump,
     ext_name,
     make_wheel,
     session_builder,
@@ -349,3 +350,9 @@ def test_torch_linked_wheel_imports_after_torch_and_its_ops_are_checked(tmp_path
     missing_op = expect("8.0 8.9+PTX", local_label="cu130torch2.13", links_torch=True,
                         knobs=VerifyKnobs(expect_ops=("farm_probe::thrice",)))
     failed_only(verify_wheel(wheel, missing_op, torch_env=torch_env), "import", "farm_probe::thrice")
+
+
+@pytest.mark.slow
+def test_every_module_the_gate_tests_built_reads_as_cuobjdump_lists_it(builder):
+    # Last in this file on purpose: the libc10-linked, RPATH, twin, driver-stub... modules all exist now.
+    assert assert_folder_agrees_with_cuobjdump(builder.root) >= 1

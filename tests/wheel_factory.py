@@ -259,6 +259,17 @@ def as_cuobjdump_sees(entries) -> Counter:
                    for e in entries if e.kind in ("SASS", "PTX"))
 
 
+def assert_folder_agrees_with_cuobjdump(folder: Path) -> int:
+    """Every .so under `folder` lists the same entries (as cuobjdump spells them) in both readers."""
+    from farm.fatbin import read_fatbin
+
+    checked = 0
+    for so in sorted(Path(folder).rglob("*.so")):
+        assert as_cuobjdump_sees(read_fatbin(so).entries) == cuobjdump_entries(so), so
+        checked += 1
+    return checked
+
+
 def aarch64_object(fatbin: Path, out: Path) -> Path:
     """A real aarch64 shared object (linked by zig) whose .nv_fatbin section holds `fatbin`."""
     data = fatbin.read_bytes()
