@@ -191,7 +191,8 @@ class Engine:
 
     def build(self, context: Path, tag: str, dockerfile: Path | None = None,
               build_args: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-              arch: str | None = None, network: bool = True, log_path: Path | None = None) -> str:
+              arch: str | None = None, network: bool = True, log_path: Path | None = None,
+              pull: bool = False) -> str:
         """`build` the context into `tag`; output goes to log_path; returns the image id."""
         args = ["build", "-t", tag]
         if dockerfile:
@@ -204,16 +205,20 @@ class Engine:
             args += ["--platform", _docker_platform(arch)]
         if not network:
             args += ["--network=none"]
-        if self.name == "podman":
-            # podman would otherwise try a registry for FROM names it cannot find locally
-            # (no registry is reachable here); the base is always a local image.
+        if self.name == "podman" and not pull:
+            # podman may otherwise ask a registry about a local FROM image (localhost/...),
+            # and none is reachable where local bases are used.
             args += ["--pull=never"]
         args.append(str(context))
         with _log_sink(log_path) as sink:
             p = self._run(args, check=False, capture_output=False, stdout=sink, stderr=subprocess.STDOUT)
         if p.returncode != 0:
-            where = f"; log: {log_path}" if log_path else ""
-            raise EngineError(f"{self.name} build of {tag} failed (exit {p.returncode}){where}")
+            last = ""
+            if log_path:
+                lines = [ln for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
+                last = f": {lines[-1].strip()[-240:]}" if lines else ""
+            where = f" (log {log_path})" if log_path else ""
+            raise EngineError(f"{self.name} build of {tag} failed (exit {p.returncode}){last}{where}")
         return self.image_id(tag) or ""
 
     # ----- containers -----------------------------------------------------------

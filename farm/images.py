@@ -263,11 +263,13 @@ def ensure_builder(arch: str | None = None, engine: Engine | None = None, base: 
             return rec
         if not image_id or force:
             _say(f"building {ref} FROM {base}", quiet)
+            # A local base needs neither a registry nor the network (apt has all it needs).
+            local = base.startswith("localhost/")
             log = images_dir() / f"build-{arch}-{key}.log"
             log.unlink(missing_ok=True)
             image_id = engine.build(DOCKER_DIR, ref, dockerfile=DOCKERFILE, build_args=build_args(base, cuda),
                                     labels={"farm.key": key, "farm.base": base}, arch=arch,
-                                    network=not base.startswith("localhost/"), log_path=log)
+                                    network=not local, pull=not local, log_path=log)
         image = _probe(engine, ref, image_id, arch, base, key)
         image.cuda = cuda
         write_atomic(_record_path(arch, key), json.dumps(asdict(image), indent=2) + "\n")
