@@ -343,3 +343,32 @@ def test_a_torn_journal_tail_is_ignored_and_cut_by_the_next_publish(house, wheel
 
 def test_built_keys_of_a_house_that_does_not_exist_is_empty(tmp_path):
     assert built_keys(tmp_path / "nowhere") == set()
+
+
+def test_incremental_publishes_through_the_journal_cache_give_the_pages_a_rebuild_gives(house, wheels, monkeypatch):
+    """Publishes read the journal through .manifest.idx (rewritten every CACHE_EVERY lines); whatever the
+    cache state (fresh, stale, torn journal tail, foreign), the pages equal a full rebuild's."""
+    from farm.wheelhouse import manifest
+
+    monkeypatch.setattr(manifest, "CACHE_EVERY", 3)
+    labels = ["cu128torch2.8", "cu128", "cu128torch2.9", "cu130torch2.10", "cu130", "cu128torch2.10"]
+    for i in range(14):
+        name = ["drtk", "tfree", "My_Ext"][i % 3]
+        publish([make_wheel(wheels, name, f"0.{i}.0+{labels[i % len(labels)]}")], house,
+                record={"cell": f"{name}-cell-{i % 4}"})
+        if i == 6:
+            with open(house / "manifest.jsonl", "a") as fh:
+                fh.write('{"op":"add","file":"torn')
+        if i == 9:
+            (house / ".manifest.idx").write_bytes(b"not a pickle")
+    assert (house / ".manifest.idx").is_file()
+    pages = {p: p.read_bytes() for p in [*house.rglob("index.*"), *house.glob("packages*.json"),
+                                         *house.glob("packages/*.json")]}
+    for p in pages:
+        p.unlink()
+    (house / ".manifest.idx").unlink()
+    rebuild(house)
+    for p, data in pages.items():
+        assert p.read_bytes() == data, p
+    assert sorted(p.relative_to(house) for p in house.rglob("index.*")) == sorted(
+        p.relative_to(house) for p in pages if p.name.startswith("index."))

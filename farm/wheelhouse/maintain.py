@@ -35,8 +35,7 @@ def rebuild(wheelhouse, allow_shrink: bool = False) -> RebuildResult:
     """
     root = Path(wheelhouse)
     with locked(root):
-        journal = read_journal(root)
-        site, missing = rebuild_pages(root, journal, allow_shrink)
+        site, missing = rebuild_pages(root, allow_shrink)
     return RebuildResult(pages=len(site.kind), wheels=len(site.house.entries), missing=missing)
 
 

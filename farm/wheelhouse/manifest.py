@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import pickle
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -25,9 +26,13 @@ from pathlib import Path
 
 from ..errors import BadInput, FarmError
 from ..paths import display
+from .names import hyphen_name
 
 MANIFEST = "manifest.jsonl"
 LOCK = ".lock"
+CACHE = ".manifest.idx"
+CACHE_VERSION = 1
+CACHE_EVERY = 256   # journal lines read past the cache before it is rewritten
 KEEP_PER_CELL = 2
 
 
@@ -81,7 +86,8 @@ class ManifestEntry:
 
     @classmethod
     def from_dict(cls, d: dict) -> ManifestEntry:
-        d = {k: v for k, v in d.items() if k in _ENTRY_FIELDS}
+        d = {k: v for k, v in d.items() if k in _ENTRY_FIELDS} if d.keys() - _ENTRY_FIELDS != {"op"} else dict(d)
+        d.pop("op", None)
         d["pythons"] = tuple(d.get("pythons") or ())
         return cls(**d)
 
@@ -149,30 +155,18 @@ class Journal:
         return {e.file: e for e in self.entries}
 
 
-def read_journal(root: Path) -> Journal:
-    """Parse manifest.jsonl; a torn last line (no newline) is ignored, any other bad line is BadInput."""
-    path = Path(root) / MANIFEST
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return Journal([], {})
-    end = data.rfind(b"\n") + 1
-    text = data[:end].decode("utf-8")
-    lines = text.split("\n")[:-1]
-    try:  # one parse for the whole file is several times faster than one per line
-        records = json.loads("[" + ",".join(line or "null" for line in lines) + "]")
-    except json.JSONDecodeError:
-        records = [_parse_line(path, i, line) for i, line in enumerate(lines, 1)]
+def _live(path: Path, records: Iterable[tuple[int, dict | None]]) -> tuple[dict[str, ManifestEntry], dict[str, str]]:
+    """Apply (line number, record) pairs in journal order: live entries by file (publish order), removed files."""
     live: dict[str, ManifestEntry] = {}
     removed: dict[str, str] = {}
-    for i, rec in enumerate(records, 1):
+    for n, rec in records:
         if rec is None:
             continue
         op = rec.get("op") if isinstance(rec, dict) else None
         if op == "add":
             missing = _REQUIRED - rec.keys()
             if missing:
-                raise BadInput(f"{display(path)}:{i}", sorted(missing)[0], None, "missing in a manifest record")
+                raise BadInput(f"{display(path)}:{n}", sorted(missing)[0], None, "missing in a manifest record")
             entry = ManifestEntry.from_dict(rec)
             live.pop(entry.file, None)
             live[entry.file] = entry
@@ -181,8 +175,13 @@ def read_journal(root: Path) -> Journal:
             live.pop(rec.get("file"), None)
             removed[rec.get("file")] = rec.get("at", "")
         else:
-            raise BadInput(f"{display(path)}:{i}", "op", op, "unknown manifest record (expected add or remove)")
-    return Journal(list(live.values()), removed)
+            raise BadInput(f"{display(path)}:{n}", "op", op, "unknown manifest record (expected add or remove)")
+    return live, removed
+
+
+def _complete_lines(data: bytes) -> list[str]:
+    end = data.rfind(b"\n") + 1  # a torn last line (no newline) is not a record yet
+    return data[:end].decode("utf-8").split("\n")[:-1]
 
 
 def _parse_line(path: Path, i: int, line: str):
@@ -192,6 +191,160 @@ def _parse_line(path: Path, i: int, line: str):
         return json.loads(line)
     except json.JSONDecodeError as exc:
         raise BadInput(f"{display(path)}:{i}", None, line[:60], f"not JSON: {exc.msg}") from None
+
+
+def _parse_all(path: Path, lines: list[str], first: int = 1) -> list[tuple[int, dict | None]]:
+    try:  # one parse for many lines is several times faster than one per line
+        records = json.loads("[" + ",".join(line or "null" for line in lines) + "]")
+    except json.JSONDecodeError:
+        records = [_parse_line(path, i, line) for i, line in enumerate(lines, first)]
+    return list(enumerate(records, first))
+
+
+def read_journal(root: Path) -> Journal:
+    """Parse all of manifest.jsonl; a torn last line is ignored, any other bad line is BadInput."""
+    path = Path(root) / MANIFEST
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Journal([], {})
+    live, removed = _live(path, _parse_all(path, _complete_lines(data)))
+    return Journal(list(live.values()), removed)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the rest of the house needs to know about one project without reading its entries."""
+
+    linked: tuple[tuple[str, str], ...]   # (cuda, torch) of its torch-linked wheels
+    free: tuple[str, ...]                 # CUDA lines of its torch-free wheels
+    folders: tuple[str, ...]              # its folders in the comfy-env view
+
+    @classmethod
+    def of(cls, entries: Iterable[ManifestEntry]) -> Summary:
+        entries = list(entries)
+        return cls(tuple(sorted({(e.cuda, e.torch) for e in entries if e.torch})),
+                   tuple(sorted({e.cuda for e in entries if not e.torch})),
+                   tuple(sorted({f for e in entries for f in (hyphen_name(e.name), e.project)})))
+
+
+class JournalIndex:
+    """The journal's raw lines grouped by project, with a Summary per project.
+
+    All journal semantics are per project (a file name fixes its project), so a
+    publish parses only the lines of the projects it touches. The grouping is
+    cached in `.manifest.idx` with the byte offset it covers; lines appended
+    since are read on load. The cache is only an accelerator: if it does not
+    match the journal (other file, other head, offset not at a line end) it
+    is ignored and the journal parsed in full.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.lines: dict[str, list[tuple[int, str]]] = {}
+        self.summaries: dict[str, Summary] = {}
+        self.offset = 0
+        self.count = 0
+        self.ino = None
+        self.head = b""
+        self.unsaved = 0
+        self._entries: dict[str, list[ManifestEntry]] = {}
+        self._parsed: dict[int, dict | None] = {}   # line number -> record, for lines parsed while loading
+
+    @classmethod
+    def load(cls, root: Path) -> JournalIndex:
+        idx = cls(root)
+        path = idx.root / MANIFEST
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            return idx
+        with fh:
+            st = os.fstat(fh.fileno())
+            head = fh.read(4096)
+            cached = idx._read_cache(st.st_ino, head, fh)
+            if cached is not None:
+                idx = cached
+            idx.ino, idx.head = st.st_ino, head
+            fh.seek(idx.offset)
+            tail = fh.read()
+        lines = _complete_lines(tail)
+        touched = set()
+        for text, (n, rec) in zip(lines, _parse_all(path, lines, idx.count + 1), strict=True):
+            idx.count += 1
+            if rec is None:
+                continue
+            project = rec.get("project") if isinstance(rec, dict) else None
+            if not isinstance(project, str):
+                raise BadInput(f"{display(path)}:{n}", "project", project, "every manifest record names its project")
+            idx.lines.setdefault(project, []).append((idx.count, text))
+            idx._parsed[idx.count] = rec
+            touched.add(project)
+        idx.offset += sum(len(line.encode("utf-8")) + 1 for line in lines)
+        idx.unsaved += len(lines)
+        for project in touched:
+            idx._entries.pop(project, None)
+            idx.summaries[project] = Summary.of(idx.entries(project))
+        idx._parsed.clear()
+        return idx
+
+    def _read_cache(self, ino: int, head: bytes, fh) -> JournalIndex | None:
+        try:
+            with open(self.root / CACHE, "rb") as c:
+                data = pickle.load(c)
+            if data.get("version") != CACHE_VERSION or data["ino"] != ino or data["head"] != head[:len(data["head"])]:
+                return None
+            if data["offset"]:
+                fh.seek(data["offset"] - 1)
+                if fh.read(1) != b"\n":
+                    return None
+        except Exception:  # a missing, torn or foreign cache is no error: parse the journal instead
+            return None
+        idx = JournalIndex(self.root)
+        idx.lines, idx.summaries = data["lines"], data["summaries"]
+        idx.offset, idx.count = data["offset"], data["count"]
+        return idx
+
+    def save(self, force: bool = False) -> None:
+        """Rewrite the cache (caller holds the lock) when enough lines were read past it."""
+        if not (force or self.unsaved >= CACHE_EVERY) or self.ino is None:
+            return
+        data = {"version": CACHE_VERSION, "ino": self.ino, "head": self.head[:4096], "offset": self.offset,
+                "count": self.count, "lines": self.lines, "summaries": self.summaries}
+        tmp = self.root / f"{CACHE}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, self.root / CACHE)
+        self.unsaved = 0
+
+    def projects(self) -> list[str]:
+        return sorted(p for p, s in self.summaries.items() if s.folders)
+
+    def entries(self, project: str) -> list[ManifestEntry]:
+        """Live entries of one project, in publish order."""
+        if project not in self._entries:
+            path = self.root / MANIFEST
+            rows = self.lines.get(project, [])
+            todo = [(n, text) for n, text in rows if n not in self._parsed]
+            parsed = {n: rec for (n, _), (_, rec) in zip(todo, _parse_all(path, [t for _, t in todo]), strict=True)}
+            live, _ = _live(path, ((n, parsed[n] if n in parsed else self._parsed[n]) for n, _ in rows))
+            self._entries[project] = list(live.values())
+        return self._entries[project]
+
+    def appended(self, lines: list[str]) -> None:
+        """Account for records this process just appended (under the lock)."""
+        for text in lines:
+            self.count += 1
+            project = json.loads(text)["project"]
+            self.lines.setdefault(project, []).append((self.count, text))
+            self._entries.pop(project, None)
+            self.summaries[project] = Summary.of(self.entries(project))
+            self.offset += len(text.encode("utf-8")) + 1
+            self.unsaved += 1
+        if self.ino is None:
+            st = os.stat(self.root / MANIFEST)
+            with open(self.root / MANIFEST, "rb") as fh:
+                self.ino, self.head = st.st_ino, fh.read(4096)
 
 
 def append_records(root: Path, lines: Iterable[str]) -> None:

@@ -28,8 +28,8 @@ from packaging.version import InvalidVersion, Version
 from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
-from .index import FILES, Config, House, Site, update
-from .manifest import ManifestEntry, PublishConflict, append_records, fsync_dir, locked, read_journal, step
+from .index import FILES, Config, House, Site, channel_lines, update
+from .manifest import JournalIndex, ManifestEntry, PublishConflict, append_records, fsync_dir, locked, step
 from .names import WheelName, normalize, parse_wheel_name, served_pythons
 
 CHUNK = 1 << 20
@@ -209,9 +209,11 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             _stage(root, p)
         with locked(root):
             step("locked")
-            journal = read_journal(root)
+            idx = JournalIndex.load(root)
             config = Config.load(root)
-            live = journal.by_file()
+            projects = {p.name.project for p in prepared}
+            before_entries = {project: idx.entries(project) for project in projects}
+            live = {e.file: e for es in before_entries.values() for e in es}
             fresh, repeat = [], []
             for p in prepared:
                 old = live.get(p.name.file)
@@ -228,16 +230,32 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
                 if not (folder / old.file).exists() or not (folder / f"{old.file}.metadata").exists():
                     _place(root, p)
                 result.already.append(old)
-            before = Site(House.derive(journal.entries, config))
+            sums_before = dict(idx.summaries)
+            lines_before = channel_lines(sums_before.values(), config)
             now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             host = socket.gethostname()
             new_entries = [_entry(p, now, host) for p in fresh]
             for p in fresh:
                 _place(root, p)
-            append_records(root, (e.to_json() for e in new_entries))
+            records = [e.to_json() for e in new_entries]
+            append_records(root, records)
+            idx.appended(records)
             result.published = new_entries
-            after = Site(House.derive(journal.entries + new_entries, config))
-            result.pages = update(root, before, after, {e.file for e in result.already})
+            lines_after = channel_lines(idx.summaries.values(), config)
+            # A new channel lists the torch-free wheels of its line: those projects' pages change too.
+            moved = {c for c in lines_before.keys() | lines_after.keys() if lines_before.get(c) != lines_after.get(c)}
+            affected = projects | {q for q, s in idx.summaries.items() if moved & set(s.free)}
+            before = Site(House.derive([e for q in sorted(affected) for e in (before_entries[q] if q in before_entries else idx.entries(q))],
+                                       config, lines_before), sums_before)
+            after = Site(House.derive([e for q in sorted(affected) for e in idx.entries(q)], config, lines_after),
+                         idx.summaries)
+
+            def fragment_of(project: str) -> bytes:
+                return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
+
+            result.pages = update(root, before, after, {e.file for e in result.already},
+                                  projects=idx.projects(), fragment_of=fragment_of)
+            idx.save()
             step("pages written")
     finally:
         for p in prepared:
