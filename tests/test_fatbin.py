@@ -16,11 +16,11 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from wheel_factory import (
     GENCODE_SETS,
-    aarch64_object,
     as_cuobjdump_sees,
     assert_folder_agrees_with_cuobjdump,
     cuobjdump_entries,
     fatbin_file,
+    object_with_fatbin,
     ptx,
     sass,
     session_builder,
@@ -108,11 +108,21 @@ def test_agrees_with_cuobjdump_on_every_module_the_tests_build(modules, builder)
 @pytest.mark.slow
 def test_reads_a_real_aarch64_shared_object(tmp_path):
     fatbin = fatbin_file((sass("80"), sass("90a"), ptx("90")), tmp_path / "k.fatbin")
-    arm = aarch64_object(fatbin, tmp_path / "libarm.so")
+    arm = object_with_fatbin(fatbin, tmp_path / "libarm.so", "aarch64-linux-gnu")
     report = read_fatbin(arm)
     assert report.machine == "EM_AARCH64"
     assert report.keys() == {("SASS", 80, ""), ("SASS", 90, "a"), ("PTX", 90, "")}
     assert as_cuobjdump_sees(report.entries) == cuobjdump_entries(arm)
+
+
+@pytest.mark.slow
+def test_reads_a_windows_dll(tmp_path):
+    # cuobjdump for Linux does not read PE files: the reference is the -gencode set nvcc was given.
+    fatbin = fatbin_file((sass("80"), sass("90a"), ptx("90")), tmp_path / "k.fatbin")
+    dll = object_with_fatbin(fatbin, tmp_path / "probe.dll", "x86_64-windows-gnu")
+    report = read_fatbin(dll)
+    assert report.machine == "PE:0x8664"
+    assert report.keys() == {("SASS", 80, ""), ("SASS", 90, "a"), ("PTX", 90, "")}
 
 
 @pytest.fixture(scope="session")

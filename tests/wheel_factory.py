@@ -270,16 +270,23 @@ def assert_folder_agrees_with_cuobjdump(folder: Path) -> int:
     return checked
 
 
-def aarch64_object(fatbin: Path, out: Path) -> Path:
-    """A real aarch64 shared object (linked by zig) whose .nv_fatbin section holds `fatbin`."""
+def object_with_fatbin(fatbin: Path, out: Path, target: str = "aarch64-linux-gnu") -> Path:
+    """A real shared object for another machine (linked by zig) whose fatbin section holds `fatbin`.
+
+    aarch64-linux-gnu: an ELF .so with `.nv_fatbin`; x86_64-windows-gnu: a DLL with `.nv_fatb`
+    (the section nvcc uses on Windows, whose PE section names have 8 characters).
+    """
     data = fatbin.read_bytes()
+    section = ".nv_fatb" if "windows" in target else ".nv_fatbin"
     src = out.with_suffix(".c")
     body = ",".join(str(b) for b in data)
-    src.write_text('__attribute__((section(".nv_fatbin"), aligned(8), used))\n'
+    export = "__declspec(dllexport) " if "windows" in target else ""
+    src.write_text(f'__attribute__((section("{section}"), aligned(8), used))\n'
                    f"static const unsigned char farm_fatbin[{len(data)}] = {{{body}}};\n"
-                   "int farm_marker(void) { return (int)sizeof farm_fatbin; }\n")
+                   f"{export}int farm_marker(void) {{ return (int)sizeof farm_fatbin; }}\n")
     env = {**os.environ, "ZIG_GLOBAL_CACHE_DIR": str(cache_dir() / "tools" / "zig-cache")}
-    run([zig(), "cc", "-target", "aarch64-linux-gnu", "-shared", "-fPIC", "-o", out, src], env=env)
+    run([zig(), "cc", "-target", target, "-shared", "-fPIC" if "linux" in target else "-O1", "-o", out, src],
+        env=env)
     return out
 
 
