@@ -53,3 +53,9 @@ images: setup setup-engine
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nox
+
+# PNGs of the wheelhouse pages (find, matrix, archs) in Debian's chromium via Playwright (tests/test_pages.py).
+pages-screenshots: setup
+	mkdir -p screenshots
+	FARM_SCREENSHOTS=$(CURDIR)/screenshots $(BIN)/python -m pytest -q tests/test_pages.py
+	@ls screenshots/*.png

@@ -32,6 +32,9 @@ def register(sub) -> None:
                    help="accept listing fewer wheels for a project or channel than the pages on disk do")
     _add_house(r)
     r.set_defaults(func=rebuild_command)
+    pg = isub.add_parser("pages", help="write the human pages: find-your-wheel (index.html, find.json), matrix/, archs/")
+    _add_house(pg)
+    pg.set_defaults(func=pages_command)
     v = isub.add_parser("verify", help="re-hash every wheel and sidecar; follow every link of every page")
     _add_house(v)
     v.set_defaults(func=verify_command)
@@ -69,6 +72,14 @@ def rebuild_command(args) -> int:
     for file in result.missing:
         print(f"dropped from the index (file missing): {file}", file=sys.stderr)
     print(f"{result.pages} page(s), {result.wheels} wheel(s)")
+    return 0
+
+
+def pages_command(args) -> int:
+    from ..pages.find import write_site
+
+    for path in write_site(_house(args)):
+        print(f"wrote {path}")
     return 0
 
 
