@@ -22,7 +22,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from wheelhouse_fixtures import clean_env, compiled_so, make_wheel, served
+from wheelhouse_fixtures import FARM, REPO, clean_env, compiled_so, make_wheel, served
 
 from farm.wheelhouse import publish
 
@@ -59,8 +59,23 @@ def farm_index(tmp_path_factory):
                    payload="import ctypes, os\nLIB = os.path.join(os.path.dirname(__file__), '_ext.so')\n"),
     ], tmp / "wh")
     log = tmp / "access.log"
-    with served(tmp / "wh", log) as url:
+    with farm_serve(tmp / "wh", log) as url:
         yield url, Log(log), so is not None
+
+
+@contextlib.contextmanager
+def farm_serve(house: Path, log: Path):
+    """The real `farm serve` command on a free loopback port; yields its base URL."""
+    proc = subprocess.Popen([*FARM, "serve", "--wheelhouse", str(house), "--port", "0", "--access-log", str(log)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"on (http://127\.0\.0\.1:\d+)/", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
