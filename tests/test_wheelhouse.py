@@ -372,3 +372,17 @@ def test_incremental_publishes_through_the_journal_cache_give_the_pages_a_rebuil
         assert p.read_bytes() == data, p
     assert sorted(p.relative_to(house) for p in house.rglob("index.*")) == sorted(
         p.relative_to(house) for p in pages if p.name.startswith("index."))
+
+
+def test_a_configured_file_base_url_is_where_every_href_points(house, wheels):
+    house.mkdir()
+    (house / "config.json").write_text(json.dumps({"file_base_url": "https://files.example.org/farm/"}))
+    w = make_wheel(wheels)
+    publish([w], house)
+    (link,) = links(house / "cu128/torch2.8/drtk/index.html")
+    assert link["href"] == f"https://files.example.org/farm/drtk/{w.name.replace('+', '%2B')}#sha256={sha(w)}"
+    compat = (house / "compat/comfy-env/drtk/index.html").read_text()
+    assert 'href="https://files.example.org/farm/drtk/drtk-0.1.0%2Bcu128torch2.8-' in compat
+    (house / "config.json").write_text(json.dumps({"file_base_url": "ftp://nope"}))
+    with pytest.raises(BadInput, match="file_base_url"):
+        rebuild(house)
