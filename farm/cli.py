@@ -23,6 +23,8 @@ COMMAND_MODULES = (
     "farm.commands.coverage",
     "farm.commands.recipes",
     "farm.commands.plan",
+    "farm.commands.build",
+    "farm.commands.demo",
     "farm.commands.wheelhouse",
     "farm.commands.images",
     "farm.commands.verify",

@@ -1045,3 +1045,8 @@ def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = 
         errors.append(exc)
     hazards = [h for name in sorted(recipes) for h in recipe_hazards(recipes[name], defaults, grid, pcwm)]
     return CheckReport(folder, frozen(recipes), tuple(errors), tuple(hazards), grid is not None)
+
+
+def verify_from_mapping(data, where: str) -> Verify:
+    """The gate's knobs from a plain mapping (what a build spec carries into a container)."""
+    return _read_verify(_Reader(Path(where)), data or {})

@@ -40,7 +40,7 @@ WORK_TARGET = "/farm/work"
 OUT_TARGET = "/farm/out"
 CACHE_TARGET = "/farm/cache"
 # Cache folders under cache_dir() a build step reads or fills.
-STANDARD_CACHES = ("toolkits", "envs", "downloads", "ccache", "sources")
+STANDARD_CACHES = ("toolkits", "envs", "overlays", "downloads", "ccache", "sources")
 
 
 class StepResult(NamedTuple):

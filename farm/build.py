@@ -1,0 +1,223 @@
+"""`farm build <cell>`: one cell from source to a verified wheel (SPEC 8), on the host side.
+
+The host decides what and where: it plans the cell, keys it, fetches what
+needs the network (source, torch and toolkit wheels), writes the step spec
+with every path as the step will see it, then has the runner run the same
+entrypoint (`python -m farm.steps`) for the phases. Runners differ only in
+where the steps run; nothing here branches on what a step does inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as host_platform
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, paths
+from .buildkey import BuildContext, KeyMaker
+from .errors import FarmError
+from .plan import find_cell, full_plan
+from .recipes import Recipe
+from .yamlio import load_yaml, write_atomic
+
+
+class NotBuildableHere(FarmError):
+    """A cell this host cannot build (Windows on Linux, needs_patch, no toolkit for the line)."""
+
+    exit_code = 2
+
+
+class BuildFailed(FarmError):
+    exit_code = 1
+
+
+@dataclass
+class BuildResult:
+    cell_id: str
+    status: str               # built | up-to-date
+    wheel: Path | None
+    record: dict
+    record_path: Path | None
+
+
+def host_arch() -> str:
+    machine = host_platform.machine().lower()
+    return "aarch64" if machine in ("aarch64", "arm64") else "x86_64"
+
+
+def check_buildable_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
+    if cell.platform == "windows":
+        raise NotBuildableHere(f"{cell.id}: a Windows cell builds only on a Windows host (MSVC + CUDA, "
+                               f"farm/windows.py); this host is {host_platform.system()}")
+    if recipe.needs_patch:
+        raise NotBuildableHere(f"{cell.id}: not buildable yet: recipe {recipe.name} needs a patch nobody has "
+                               "written (needs_patch: true)")
+    if cell.platform == "linux_aarch64" and host_arch() != "aarch64" and runner_kind == "host":
+        raise NotBuildableHere(f"{cell.id}: an aarch64 cell on an x86_64 host needs the container runner "
+                               "(QEMU emulation), not --runner host")
+
+
+def _recipe_spec(recipe: Recipe) -> dict:
+    """What the steps need of the recipe, as plain JSON (steps may run in a container)."""
+    raw = load_yaml(recipe.path) or {}
+    return {
+        "name": recipe.name, "version": recipe.version, "where": paths.display(recipe.path),
+        "source": raw.get("source"), "submodules": recipe.submodules,
+        "extra_sources": raw.get("extra_sources") or [], "patches": raw.get("patches") or [],
+        "patches_dir": str(Path(recipe.path).parent / "patches" / recipe.name),
+        "base_dir": str(Path(recipe.path).parent), "subdir": recipe.subdir,
+        "build_deps": list(recipe.build_deps), "cuda_components": list(recipe.cuda_components),
+        "env": dict(recipe.env), "pre_build": recipe.pre_build, "nvcc_flags": recipe.nvcc_flags or "",
+        "verify": raw.get("verify") or {}, "allow_graft": list(raw.get("allow_graft") or ()),
+    }
+
+
+def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None = None, force: bool = False,
+               publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
+               log=print) -> BuildResult:
+    from .runners import get_runner
+
+    started = time.time()
+    plan = full_plan()
+    cell = find_cell(cell_id, plan)
+    recipe = plan.recipes[cell.recipe_name]
+    check_buildable_here(cell, recipe, runner_kind)
+    arch = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+    runner = get_runner(runner_kind, arch=arch)
+    described = runner.describe()
+    image = getattr(runner, "image", None)
+    target = {"id": image.id if image else "host", "arch": arch,
+              "glibc": image.glibc if image else described["glibc"],
+              "plat_floor": image.plat if image else None}
+    context = BuildContext(runner.kind, image.key if image else "host",
+                           f"{(image.plat if image else 'host')}")
+    key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
+
+    house = Path(wheelhouse or paths.wheelhouse_dir())
+    from .wheelhouse import read_journal
+
+    entries = [e for e in read_journal(house).entries if e.cell == cell.id] if (house / "manifest.jsonl").exists() else []
+    done = [e for e in entries if e.build_key == key]
+    if done and not force:
+        log(f"{cell.id}: up to date (build key {key[:12]} already in {house}: {done[-1].file})")
+        return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {}, None)
+    build_number = None
+    if entries:
+        build_number = 1 + max(int(e.build_tag or 0) for e in entries)
+
+    out = Path(out or paths.PROJECT_ROOT / "build" / cell.id)
+    work = paths.cache_dir() / "work" / cell.id
+    for folder in (out, work):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    log_path = out / "build.log"
+
+    # ----- host side: everything that needs the network
+    from .environments import EnvRequest, download_build_deps, download_environment
+    from .toolkit import download_toolkit_wheels, find_system_toolkit
+
+    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target["glibc"])
+    def note(message: str) -> None:
+        _append(log_path, f"[host] {message}")
+
+    download_environment(req, log=note)
+    if recipe.build_deps:
+        download_build_deps(req, recipe.build_deps, log=note)
+    toolkit_source = os.environ.get("FARM_TOOLKIT_SOURCE")
+    if toolkit_source is None:
+        # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
+        # installed toolkit on the line when there is one.
+        toolkit_source = "pypi" if runner.kind == "container" else "auto"
+    if toolkit_source == "pypi" or (toolkit_source == "auto" and find_system_toolkit(cell.cuda)[0] is None):
+        download_toolkit_wheels(cell.cuda, arch, recipe.cuda_components, log=note)
+
+    mounts = runner.standard_mounts(work=work, out=out)
+    python, py_mounts = runner.python(cell.python)
+    mounts += py_mounts
+    record_base = {"cell": cell.id, "build_key": key, "arch_list": cell.arch.arch_list.torch(),
+                   "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
+                   "runner": runner.kind, "image": target["id"], "farm_version": __version__}
+
+    def spec_for(where_runner, paths_fn) -> Path:
+        spec = {
+            "cell": {"id": cell.id, "recipe_name": cell.recipe_name, "cuda": cell.cuda, "torch": cell.torch,
+                     "torch_pin": cell.torch_pin, "python": cell.python, "platform": cell.platform,
+                     "links_torch": cell.links_torch, "wheel_abi": cell.wheel_abi,
+                     "arch_list": cell.arch.arch_list.torch(), "provenance": cell.arch.provenance,
+                     "local_label": cell.local_label},
+            "recipe": {**_recipe_spec(recipe), "requires_dist": requires,
+                       "max_jobs": recipe.parallelism(plan.defaults)[0],
+                       "nvcc_threads": recipe.parallelism(plan.defaults)[1]},
+            "paths": {"out": paths_fn(out), "work": paths_fn(work)},
+            "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
+            "build_number": build_number, "record": record_base,
+        }
+        path = out / f"spec-{where_runner}.json"
+        write_atomic(path, json.dumps(spec, indent=2, sort_keys=True))
+        return path
+
+    from .runners.host import HostRunner
+    from .verify import resolve_requires_dist
+
+    requires = resolve_requires_dist(recipe, cell, plan.recipes)
+    requires = None if requires is None else list(requires)
+    host_spec = spec_for("host", str)
+    step_spec = spec_for(runner.kind, lambda p: runner.inside(p, mounts))
+    inside_spec = runner.inside(step_spec, mounts)
+
+    def phase(which: str, on_runner, spec: str, network: bool) -> None:
+        code, _ = on_runner.run_step([which, "--spec", spec], env={}, mounts=mounts, network=network,
+                                     log_path=log_path, timeout=recipe_timeout(recipe))
+        if code != 0:
+            raise BuildFailed(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
+
+    phase("source", HostRunner(arch=host_arch()), str(host_spec), True)
+    if recipe.pre_build:
+        phase("env,toolkit,prebuild", runner, inside_spec, True)
+    phase("env,toolkit,compile,label,repair,verify", runner, inside_spec, False)
+
+    state = json.loads((out / "steps.json").read_text())
+    wheel = Path(out / "wheel" / Path(state["verify"]["wheel"]).name)
+    record = {
+        **record_base, "wheel": wheel.name, "build_number": build_number,
+        "torch_measured_arch_list": state["env"].get("torch_arch_list"),
+        "toolkit": {k: state["toolkit"].get(k) for k in ("version", "source", "home", "arch")},
+        "image_tag": state["repair"].get("plat_tag"), "runner_info": described,
+        "network": runner.network_isolation_when_off(), "steps": state.get("timings", {}),
+        "source": state.get("source"), "grafted": state["repair"].get("grafted"),
+        "verify_warnings": state["verify"].get("warnings"), "log": str(log_path),
+        "dev_only": runner.network_isolation_when_off() == "open",
+        "seconds": round(time.time() - started, 1),
+    }
+    record_path = out / "build.json"
+    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if publish:
+        from .wheelhouse import publish as publish_wheels
+
+        publish_wheels([wheel], house, record=record)
+        log(f"{cell.id}: published {wheel.name} into {house}")
+    return BuildResult(cell.id, "built", wheel, record, record_path)
+
+
+def recipe_timeout(recipe: Recipe) -> float | None:
+    return getattr(recipe, "timeout", None)
+
+
+def _append(path: Path, line: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(line.rstrip() + "\n")
+
+
+def _failure_line(log_path: Path, code: int) -> str:
+    """The step's own one-line error, else the exit code (137 = killed, e.g. out of memory)."""
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    for line in reversed(lines):
+        if line.startswith("farm.steps: ") or line.startswith("farm: "):
+            return line.split(": ", 1)[1]
+    if code == 137:
+        return "killed (exit 137: out of memory?)"
+    return f"step exited {code}: {lines[-1] if lines else 'no output'}"

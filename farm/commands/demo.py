@@ -1,0 +1,20 @@
+"""`farm demo`: build, publish and install the bundled demo extension (the README's first command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("demo", help="build farm_demo for a real cell, publish it, install it from the index")
+    parser.add_argument("--cell", default="farm_demo-cu130-torch2.13-py311")
+    parser.add_argument("--runner", choices=("container", "host"), help="default: container when an engine answers")
+    parser.add_argument("--wheelhouse", type=Path)
+    parser.set_defaults(func=demo_command)
+
+
+def demo_command(args) -> int:
+    from ..demo import run_demo
+
+    run_demo(args.cell, args.runner, args.wheelhouse)
+    return 0

@@ -1,0 +1,64 @@
+"""`farm demo`: the main job on its embedded default, end to end.
+
+Build the bundled farm_demo extension for a cell this machine can build
+(cu130 / torch 2.13 / Python 3.11), publish it into a wheelhouse, serve that
+wheelhouse on 127.0.0.1, install the wheel from its channel with pip as a
+user would, and show what the installed binary carries.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from . import paths
+from .build import build_cell
+from .errors import FarmError
+from .find import PYPI_SIMPLE
+
+DEMO_CELL = "farm_demo-cu130-torch2.13-py311"
+
+
+class DemoFailed(FarmError):
+    exit_code = 1
+
+
+def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhouse: Path | None = None,
+             log=print) -> dict:
+    from .fatbin import read_fatbin
+    from .wheelhouse.serve import make_server
+
+    house = Path(wheelhouse or paths.wheelhouse_dir())
+    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log)
+    server = make_server(house, "127.0.0.1", 0)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cuda_tag, torch_tag = cell_id.split("-")[1:3]
+        channel = f"http://127.0.0.1:{port}/{cuda_tag}/{torch_tag}/"
+        version = result.wheel.name.split("-")[1]
+        with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:
+            target = Path(tmp) / "site"
+            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+                   "--index-url", channel, "--extra-index-url", PYPI_SIMPLE, f"farm_demo=={version}"]
+            log(f"$ {' '.join(cmd[2:])}")
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise DemoFailed(f"pip could not install from {channel}: {proc.stderr.strip().splitlines()[-1:]}")
+            installed = next(target.glob("farm_demo-*.dist-info")).name
+            modules = sorted(target.glob("farm_demo/_C*.so"))
+            report = read_fatbin(modules[0])
+            sass = " ".join(sorted({f"sm_{e.sm}{e.variant}" for e in report.entries if e.kind == "SASS"},
+                                   key=lambda s: int(s[3:].rstrip("af"))))
+            ptx = " ".join(sorted({f"compute_{e.sm}" for e in report.entries if e.kind == "PTX"},
+                                  key=lambda s: int(s[8:])))
+    finally:
+        server.shutdown()
+    log(f"installed {installed} from {channel}")
+    log(f"  SASS: {sass}")
+    log(f"  PTX:  {ptx}")
+    return {"wheel": str(result.wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}
