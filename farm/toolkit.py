@@ -51,7 +51,7 @@ COMPONENT_HEADER = {
     "cublas": "cublas_v2.h", "cusparse": "cusparse.h", "cusolver": "cusolverDn.h", "curand": "curand.h",
     "cufft": "cufft.h", "nvtx": "nvtx3/nvToolsExt.h", "nvrtc": "nvrtc.h", "cupti": "cupti.h",
     "nvjitlink": "nvJitLink.h", "npp": "npp.h", "nvjpeg": "nvjpeg.h", "cufile": "cufile.h",
-    "nvml": "nvml.h", "cccl": "cuda/std/version", "cudart": "cuda_runtime.h",
+    "nvml": "nvml.h", "cccl": ("cccl/cuda/std/version", "cuda/std/version"), "cudart": "cuda_runtime.h",
 }
 TARGET_TRIPLE = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}
 SYSTEM_GLOBS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/opt/cuda-*")
@@ -228,6 +228,13 @@ def system_candidates() -> list[Path]:
     return found
 
 
+def _has_component(home: Path, component: str) -> bool:
+    headers = COMPONENT_HEADER.get(component)
+    if headers is None:
+        return True        # nothing known to look for
+    return any((home / "include" / h).exists() for h in ((headers,) if isinstance(headers, str) else headers))
+
+
 def find_system_toolkit(cuda: str, components: tuple[str, ...] = ()) -> tuple[Toolkit | None, list[str]]:
     """An installed toolkit on this CUDA line that has the components; plus why others were passed over."""
     line = _line(cuda)
@@ -240,7 +247,7 @@ def find_system_toolkit(cuda: str, components: tuple[str, ...] = ()) -> tuple[To
         if ver[0] != line:
             passed.append(f"{home}: CUDA {ver[1]}")
             continue
-        lacking = [c for c in components if c in COMPONENT_HEADER and not (home / "include" / COMPONENT_HEADER[c]).exists()]
+        lacking = [c for c in components if not _has_component(home, c)]
         if lacking:
             passed.append(f"{home}: CUDA {ver[1]} without {', '.join(lacking)}")
             continue

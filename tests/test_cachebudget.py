@@ -44,16 +44,18 @@ def test_a_crash_mid_build_leaves_nothing_that_looks_complete(tmp_path):
 
 def test_concurrent_builders_build_once(tmp_path):
     entry = tmp_path / "toolkits" / "t1"
-    code = (
-        "import sys, time; sys.path.insert(0, %r)\n"
-        "from pathlib import Path\n"
-        "from farm import cachebudget as C\n"
-        "def b(p):\n"
-        "    time.sleep(1.0); (p / 'n').write_text('x')\n"
-        "    with open(%r, 'a') as f: f.write('built\\n')\n"
-        "    return {}\n"
-        "C.acquire(Path(%r), b).close()\n"
-    ) % (str(Path(__file__).resolve().parent.parent), str(tmp_path / "count"), str(entry))
+    project = str(Path(__file__).resolve().parent.parent)
+    code = "\n".join([
+        "import sys, time",
+        f"sys.path.insert(0, {project!r})",
+        "from pathlib import Path",
+        "from farm import cachebudget as C",
+        "def b(p):",
+        "    time.sleep(1.0); (p / 'n').write_text('x')",
+        f"    with open({str(tmp_path / 'count')!r}, 'a') as f: f.write('built\\n')",
+        "    return {}",
+        f"C.acquire(Path({str(entry)!r}), b).close()",
+    ])
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
     assert (tmp_path / "count").read_text() == "built\n"

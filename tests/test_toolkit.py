@@ -31,7 +31,7 @@ def test_pypi_toolkit_has_the_layout_torch_cpp_extension_expects(pypi_toolkit):
         assert os.access(home / rel, os.X_OK if "bin/" in rel else os.R_OK), rel
     # The headers torch's ATen/cuda/CUDAContext.h pulls in, and the runtime/CCCL headers.
     for header in ("cuda_runtime.h", "crt/host_defines.h", "cusparse.h", "cublas_v2.h", "cusolverDn.h",
-                   "cuda/std/version"):
+                   "cccl/cuda/std/version"):
         assert (home / "include" / header).is_file(), header
     lib = home / "lib64"
     assert (lib / "libcudart.so").is_symlink() and os.readlink(lib / "libcudart.so") == "libcudart.so.13"
