@@ -93,6 +93,10 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     target = {"id": image.id if image else "host", "arch": arch,
               "glibc": image.glibc if image else described["glibc"],
               "plat_floor": image.plat if image else None}
+    if plat and image is not None:
+        from .images import check_plat
+
+        plat = check_plat(image, plat)   # refused before any work when the image cannot honestly give it
     context = BuildContext(runner.kind, image.key if image else "host",
                            f"{(image.plat if image else 'host')}")
     key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
@@ -116,25 +120,11 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         folder.mkdir(parents=True)
     log_path = out / "build.log"
 
-    # ----- host side: everything that needs the network
-    from .environments import EnvRequest, download_build_deps, download_environment
-    from .toolkit import download_toolkit_wheels, find_system_toolkit
-
-    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target["glibc"])
-    def note(message: str) -> None:
-        _append(log_path, f"[host] {message}")
-
-    download_environment(req, log=note)
-    if recipe.build_deps:
-        download_build_deps(req, recipe.build_deps, log=note)
     toolkit_source = os.environ.get("FARM_TOOLKIT_SOURCE")
     if toolkit_source is None:
         # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
         # installed toolkit on the line when there is one.
         toolkit_source = "pypi" if runner.kind == "container" else "auto"
-    if toolkit_source == "pypi" or (toolkit_source == "auto" and find_system_toolkit(cell.cuda)[0] is None):
-        download_toolkit_wheels(cell.cuda, arch, recipe.cuda_components, log=note)
-
     mounts = runner.standard_mounts(work=work, out=out)
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
@@ -176,6 +166,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             raise BuildFailed(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
 
     phase("source", HostRunner(arch=host_arch()), str(host_spec), True)
+    _download_inputs(cell, recipe, target, toolkit_source, log_path)
     if recipe.pre_build:
         phase("env,toolkit,prebuild", runner, inside_spec, True)
     phase("env,toolkit,compile,label,repair,verify", runner, inside_spec, False)
@@ -201,6 +192,22 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         publish_wheels([wheel], house, record=record)
         log(f"{cell.id}: published {wheel.name} into {house}")
     return BuildResult(cell.id, "built", wheel, record, record_path)
+
+
+def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, log_path: Path) -> None:
+    """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform."""
+    from .environments import EnvRequest, download_build_deps, download_environment
+    from .toolkit import download_toolkit_wheels, find_system_toolkit
+
+    def note(message: str) -> None:
+        _append(log_path, f"[host] {message}")
+
+    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target["glibc"])
+    download_environment(req, log=note)
+    if recipe.build_deps:
+        download_build_deps(req, recipe.build_deps, log=note)
+    if toolkit_source == "pypi" or (toolkit_source == "auto" and find_system_toolkit(cell.cuda)[0] is None):
+        download_toolkit_wheels(cell.cuda, target["arch"], recipe.cuda_components, log=note)
 
 
 def recipe_timeout(recipe: Recipe) -> float | None:

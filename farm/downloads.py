@@ -89,8 +89,9 @@ class Index:
 
 
 def isolated_pip_env() -> dict[str, str]:
-    """The environment for a pip that ignores this machine's pip config (find-links, constraints)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    """The environment for a pip that ignores this machine's pip config (find-links, constraints)
+    and never sees the farm's own PYTHONPATH (a container step's project mount)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
     env["PIP_CONFIG_FILE"] = os.devnull
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PIP_NO_INPUT"] = "1"

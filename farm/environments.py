@@ -216,6 +216,9 @@ def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
 # ---------------------------------------------------------------- target side
 
 def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    # The step itself may run with the farm on PYTHONPATH (a container's read-only project mount);
+    # the torch environment must never see it.
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
     if log:
         log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")

@@ -1,0 +1,260 @@
+"""One cell from source to a repaired, verified wheel (SPEC 8), with real nvcc, podman and auditwheel.
+
+The two end-to-end builds (container and host) compile the bundled farm_demo
+extension for the cu130 / torch 2.13 / Python 3.11 cell; every failure case
+below fails before or at the compile and must leave no wheel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+from farmcli import PROJECT, run_farm
+
+from farm.fatbin import read_fatbin
+
+CELL = "farm_demo-cu130-torch2.13-py311"
+EXPECTED_SASS = {75, 80, 86, 90, 100, 120}
+EXPECTED_PTX = {90, 120}
+
+
+def wheel_contents(wheel: Path) -> tuple[dict, list[str], Path]:
+    """(METADATA fields, member names, the extracted extension module)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        meta = zf.read(meta_name).decode()
+        so_name = next(n for n in names if n.startswith("farm_demo/_C") and n.endswith(".so"))
+        target = wheel.parent / "extracted" / Path(so_name).name
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(zf.read(so_name))
+    fields: dict = {}
+    for line in meta.splitlines():
+        if ": " in line:
+            key, value = line.split(": ", 1)
+            fields.setdefault(key, []).append(value)
+    return fields, names, target
+
+
+def check_demo_wheel(wheel: Path, plat_tag: str) -> None:
+    assert wheel.name == f"farm_demo-0.1.0+cu130torch2.13-cp311-cp311-{plat_tag}.whl"
+    fields, names, module = wheel_contents(wheel)
+    assert fields["Version"] == ["0.1.0+cu130torch2.13"]
+    assert fields.get("Requires-Dist") == ["numpy"]
+    report = read_fatbin(module)
+    assert {e.sm for e in report.entries if e.kind == "SASS" and not e.variant} == EXPECTED_SASS
+    assert {e.sm for e in report.entries if e.kind == "PTX"} == EXPECTED_PTX
+    assert not any(e.variant for e in report.entries)
+    bundled = [n for n in names if ".libs/" in n or "libcudart" in n or "libtorch" in n or "libc10" in n]
+    assert bundled == []
+
+
+def farm_build(*args, env=None, timeout=3600):
+    return run_farm("build", *args, env=env, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_container_build_of_the_demo_cell(tmp_path):
+    from farm.images import load_image
+
+    out = tmp_path / "out"
+    res = farm_build(CELL, "--runner", "container", "--no-publish", "--force", "--out", str(out))
+    assert res.returncode == 0, res.stderr + res.stdout
+    record = json.loads((out / "build.json").read_text())
+    image = load_image("x86_64")
+    assert record["runner"] == "container" and record["image"] == image.id
+    assert record["image_tag"] == image.plat
+    wheels = list((out / "wheel").glob("*.whl"))
+    assert len(wheels) == 1
+    check_demo_wheel(wheels[0], image.plat)
+    assert record["arch_list"] == "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"
+    assert record["network"] == "none"
+    assert set(record["steps"]) >= {"source", "env", "toolkit", "compile", "label", "repair", "verify"}
+
+
+@pytest.mark.slow
+def test_host_build_of_the_demo_cell(tmp_path):
+    out = tmp_path / "out"
+    res = farm_build(CELL, "--runner", "host", "--no-publish", "--force", "--out", str(out))
+    assert res.returncode == 0, res.stderr + res.stdout
+    record = json.loads((out / "build.json").read_text())
+    assert record["runner"] == "host"
+    wheels = list((out / "wheel").glob("*.whl"))
+    assert len(wheels) == 1
+    check_demo_wheel(wheels[0], record["image_tag"])
+    assert record["network"] == ("namespace" if os.geteuid() == 0 else "open")
+
+
+@pytest.mark.container
+def test_plat_below_the_image_glibc_is_refused_with_one_line(tmp_path):
+    out = tmp_path / "out"
+    res = farm_build(CELL, "--runner", "container", "--plat", "manylinux_2_28_x86_64", "--out", str(out))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "manylinux_2_28" in res.stderr and "glibc" in res.stderr
+    assert not out.exists() or not list(out.rglob("*.whl"))
+
+
+# ---------------------------------------------------------------- failure cases: one line, no wheel
+
+def git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """A local git repo of the demo, tarballs (good and evil) on a loopback HTTP server."""
+    root = tmp_path_factory.mktemp("sources")
+    repo = root / "repo"
+    shutil.copytree(PROJECT / "examples" / "farm-demo", repo)
+    git("init", "-q", "-b", "trunk", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "one", cwd=repo)
+    git("tag", "v0.1.0", cwd=repo)
+    first = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    (repo / "NOTE").write_text("two\n")
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "two", cwd=repo)
+    second = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    www = root / "www"
+    www.mkdir()
+    good = io.BytesIO()
+    with tarfile.open(fileobj=good, mode="w:gz") as tf:
+        tf.add(PROJECT / "examples" / "farm-demo", arcname="farm_demo-0.1.0")
+    (www / "good.tar.gz").write_bytes(good.getvalue())
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as tf:
+        data = b"owned\n"
+        info = tarfile.TarInfo("farm_demo-0.1.0/../../escaped.txt")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    (www / "evil.tar.gz").write_bytes(evil.getvalue())
+
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(www), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"repo": repo, "first": first, "second": second, "url": f"http://127.0.0.1:{server.server_port}",
+           "good_sha": hashlib.sha256((www / "good.tar.gz").read_bytes()).hexdigest(),
+           "evil_sha": hashlib.sha256((www / "evil.tar.gz").read_bytes()).hexdigest()}
+    server.shutdown()
+
+
+def recipe_text(name: str, source: str, extra: str = "") -> str:
+    return (f"name: {name}\nsource:\n{source}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
+            f"min_torch: '2.13'\nrequires_dist: [numpy]\n{extra}")
+
+
+@pytest.fixture()
+def recipes(tmp_path):
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
+    demo = demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}")
+    (folder / "farm_demo.yml").write_text(demo)
+    return folder
+
+
+def build_failing(folder: Path, cell: str, tmp_path: Path):
+    out = tmp_path / "out"
+    res = farm_build(cell, "--runner", "host", "--no-publish", "--out", str(out),
+                     env={"FARM_RECIPES": str(folder)}, timeout=900)
+    assert res.returncode != 0, res.stdout
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not list(tmp_path.rglob("*.whl"))
+    return lines[0]
+
+
+def test_sdist_with_a_wrong_sha256_fails(recipes, sources, tmp_path):
+    (recipes / "bad_sha.yml").write_text(recipe_text(
+        "bad_sha", f"  sdist:\n    url: {sources['url']}/good.tar.gz\n    sha256: '{'0' * 64}'"))
+    line = build_failing(recipes, "bad_sha-cu130-torch2.13-py311", tmp_path)
+    assert "sha256" in line and sources["good_sha"][:12] in line
+
+
+def test_tarball_with_a_parent_member_is_refused(recipes, sources, tmp_path):
+    (recipes / "evil_tar.yml").write_text(recipe_text(
+        "evil_tar", f"  sdist:\n    url: {sources['url']}/evil.tar.gz\n    sha256: '{sources['evil_sha']}'"))
+    line = build_failing(recipes, "evil_tar-cu130-torch2.13-py311", tmp_path)
+    assert ".." in line
+    assert not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_git_ref_that_does_not_exist_fails(recipes, sources, tmp_path):
+    (recipes / "no_ref.yml").write_text(recipe_text(
+        "no_ref", f"  git:\n    url: file://{sources['repo']}\n    ref: v9.9.9"))
+    line = build_failing(recipes, "no_ref-cu130-torch2.13-py311", tmp_path)
+    assert "v9.9.9" in line
+
+
+def test_tag_whose_commit_differs_from_the_recipe_fails(recipes, sources, tmp_path):
+    (recipes / "moved_tag.yml").write_text(recipe_text(
+        "moved_tag", f"  git:\n    url: file://{sources['repo']}\n    ref: v0.1.0\n    commit: '{sources['second']}'"))
+    line = build_failing(recipes, "moved_tag-cu130-torch2.13-py311", tmp_path)
+    assert sources["first"][:12] in line and sources["second"][:12] in line
+
+
+def test_a_failing_patch_fails_naming_it(recipes, tmp_path):
+    patches = recipes / "patches" / "bad_patch"
+    patches.mkdir(parents=True)
+    (patches / "0001-nope.patch").write_text(
+        "--- a/setup.py\n+++ b/setup.py\n@@ -1,3 +1,3 @@\n-this line is not in setup.py\n+nor this one\n context\n")
+    (recipes / "bad_patch.yml").write_text(recipe_text(
+        "bad_patch", f"  path: {PROJECT / 'examples' / 'farm-demo'}", "patches:\n  - file: 0001-nope.patch\n"))
+    line = build_failing(recipes, "bad_patch-cu130-torch2.13-py311", tmp_path)
+    assert "0001-nope.patch" in line
+
+
+def test_windows_cell_on_linux_is_refused_with_exit_2(tmp_path):
+    out = tmp_path / "out"
+    res = farm_build(f"{CELL}-win", "--out", str(out))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "Windows" in res.stderr
+    assert not out.exists()
+
+
+NETWORK_SETUP = '''
+import socket
+from setuptools import setup
+try:
+    socket.create_connection(("pypi.org", 443), timeout=10).close()
+except OSError as exc:
+    raise SystemExit(f"farm-test: network blocked during compile: {exc!r}")
+print("farm-test: the network was reachable during compile")
+setup(name="net_probe", version="0.1.0", py_modules=["net_probe"])
+'''
+
+
+@pytest.mark.parametrize("runner", [pytest.param("container", marks=pytest.mark.container), "host"])
+def test_setup_py_opening_a_socket_fails_the_compile(recipes, tmp_path, runner):
+    if runner == "host" and os.geteuid() != 0:
+        pytest.skip("the host runner isolates the network only as root (else it records network: open)")
+    src = tmp_path / "net_probe"
+    src.mkdir()
+    (src / "setup.py").write_text(NETWORK_SETUP)
+    (src / "net_probe.py").write_text("")
+    (recipes / "net_probe.yml").write_text(recipe_text("net_probe", f"  path: {src}").replace(
+        "requires_dist: [numpy]\n", ""))
+    out = tmp_path / "out"
+    res = farm_build("net_probe-cu130-torch2.13-py311", "--runner", runner, "--no-publish", "--out", str(out),
+                     env={"FARM_RECIPES": str(recipes)}, timeout=1800)
+    assert res.returncode == 1, res.stdout + res.stderr
+    log = (out / "compile.log").read_text()
+    assert "farm-test: network blocked during compile" in log
+    assert "the network was reachable" not in log
+    assert not list(out.rglob("*.whl"))
