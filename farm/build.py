@@ -50,9 +50,9 @@ def host_arch() -> str:
 
 
 def check_buildable_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
-    if cell.platform == "windows":
-        raise NotBuildableHere(f"{cell.id}: a Windows cell builds only on a Windows host (MSVC + CUDA, "
-                               f"farm/windows.py); this host is {host_platform.system()}")
+    from . import windows
+
+    windows.check_buildable_here(cell)
     if recipe.needs_patch:
         raise NotBuildableHere(f"{cell.id}: not buildable yet: recipe {recipe.name} needs a patch nobody has "
                                "written (needs_patch: true)")
