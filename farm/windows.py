@@ -273,3 +273,13 @@ def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolk
 def repair_note() -> str:
     """What the build record says instead of a repair (SPEC 8.1 step 6)."""
     return f"windows wheel: not repaired (tag {WHEEL_PLAT}; delvewheel is a later option)"
+
+
+def host_compile_environment(linux_env: Mapping[str, str], cuda: str, torch_scripts: str | None = None
+                             ) -> dict[str, str]:
+    """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment.
+
+    The hook for farm.steps (its compile environment on a `windows` cell); not called on Linux.
+    """
+    return adapt_compile_environment(linux_env, msvc=find_msvc(), toolkit=find_cuda_toolkit(cuda),
+                                     torch_scripts=torch_scripts)
