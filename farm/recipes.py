@@ -38,6 +38,7 @@ TOP_KEYS = (
     "system_packages", "expected_fail", "needs_patch", "arch_list", "arch_list_by_cuda",
     "arch_list_aarch64", "arch_list_by_cuda_aarch64", "build_deps", "cuda_components", "env",
     "pre_build", "patches", "max_jobs", "nvcc_threads", "nvcc_flags", "requires_dist", "verify",
+    "peak_gb_per_job", "timeout", "self_hosted",
 )
 REQUIRED_KEYS = ("name", "source", "links_torch")
 ARCH_KEYS = ("arch_list", "arch_list_by_cuda", "arch_list_aarch64", "arch_list_by_cuda_aarch64", "arch_fallback")
@@ -215,6 +216,10 @@ class Recipe:
     nvcc_flags: str | None = None
     requires_dist: tuple[str, ...] | None = None   # None: keep the wheel's own metadata
     verify: Verify = field(default_factory=Verify)
+    # Scheduling hints (SPEC 8.4, 8.6), not build inputs: they never change a build key.
+    peak_gb_per_job: float | None = None   # None: the policy default (memory admission)
+    timeout: int | None = None             # minutes one cell may take (farm build, CI timeout-minutes)
+    self_hosted: bool = False              # huge builds: CI routes them to a self-hosted runner label
 
     # -- arch fields, as SPEC 6 names them (parsed into `arch`)
     @property
@@ -252,6 +257,10 @@ class Recipe:
         policy = defaults.grid_policy.defaults
         return (self.max_jobs or int(policy.get("max_jobs", 1)),
                 self.nvcc_threads or int(policy.get("nvcc_threads", 1)))
+
+    def peak_gb(self, defaults: Defaults) -> float:
+        """Peak GB of one compile job (memory admission, SPEC 8.4): the recipe's, else the policy's, else 8."""
+        return self.peak_gb_per_job or float(defaults.grid_policy.defaults.get("peak_gb_per_job", 8))
 
     def build_relevant(self) -> dict:
         """The keys that feed the build key (SPEC 7.4): everything but `verify` (comments never get here).
@@ -825,9 +834,16 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
         kw["pre_build"] = r.string(data["pre_build"], "pre_build")
     if "patches" in data:
         kw["patches"] = _read_patches(r, data["patches"], name, path.parent)
-    for key in ("max_jobs", "nvcc_threads"):
+    for key in ("max_jobs", "nvcc_threads", "timeout"):
         if data.get(key) is not None:
             kw[key] = r.positive(data[key], key)
+    if data.get("peak_gb_per_job") is not None:
+        peak = data["peak_gb_per_job"]
+        if not isinstance(peak, (int, float)) or isinstance(peak, bool) or peak <= 0:
+            r.fail("peak_gb_per_job", peak, "expected a positive number of GB, e.g. 8 or 2.5")
+        kw["peak_gb_per_job"] = float(peak)
+    if "self_hosted" in data:
+        kw["self_hosted"] = r.boolean(data["self_hosted"], "self_hosted")
     if data.get("nvcc_flags") is not None:
         kw["nvcc_flags"] = r.string(data["nvcc_flags"], "nvcc_flags")
     if "requires_dist" in data:
