@@ -162,6 +162,10 @@ class Toolkit:
 
     def require(self, arch_list: ArchList, cell: str = "") -> None:
         """Fail, naming every missing arch, when this nvcc cannot emit the whole list."""
+        if not self.gpu_codes:
+            raise ToolkitUnavailable(
+                f"CUDA {self.version} nvcc for {self.arch} at {self.home} cannot run on this {host_arch()} "
+                f"machine, so its arch list is unchecked: check it where the build runs")
         gone = self.missing(arch_list)
         if gone:
             who = f"{cell}: " if cell else ""
