@@ -30,7 +30,7 @@ import subprocess
 import time
 import zipfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import cachebudget
@@ -431,7 +431,8 @@ def provision_pypi_toolkit(cuda: str, arch: str = "x86_64", components: Iterable
     t0 = time.monotonic()
     lease = cachebudget.acquire(home, build)
     _LEASES.append(lease)
-    tk = Toolkit.from_json(lease.info["toolkit"])
+    # The prefix is relocatable: trust where it is now (a container may mount the cache elsewhere).
+    tk = replace(Toolkit.from_json(lease.info["toolkit"]), home=home)
     if not tk.gpu_codes and arch == host_arch():
         tk = _inspect(home, "pypi", arch, comps, wheels=tk.wheels)
     if tk.line != _line(cuda):

@@ -121,3 +121,14 @@ def test_toolkit_requirement_pins_the_line_through_the_meta_package():
     assert {"nvcc", "crt", "nvvm", "cccl", "cudart", "cublas", "cusparse", "cusolver", "curand", "nvtx"} == set(extras)
     with pytest.raises(BadInput):
         T.normalise_components(["cu rand"])
+
+
+@pytest.mark.slow
+def test_the_pypi_prefix_works_where_the_cache_is_mounted(pypi_toolkit, tmp_path, monkeypatch):
+    # A container sees the same cache under another path: the toolkit must answer from there.
+    mounted = tmp_path / "mnt"
+    mounted.symlink_to(pypi_toolkit.home.parent.parent)
+    monkeypatch.setenv("FARM_CACHE", str(mounted))
+    tk = T.provision_toolkit("13.0", "x86_64", source="pypi", allow_download=False)
+    assert tk.home == mounted / "toolkits" / pypi_toolkit.home.name
+    assert T.nvcc_version(tk.nvcc) == ("13.0", pypi_toolkit.version)
