@@ -14,7 +14,7 @@ import pytest
 from farmcli import PROJECT, run_farm
 
 from farm.buildkey import KeyMaker
-from farm.grid import load_grid, load_pcwm
+from farm.grid import load_grid
 from farm.plan import full_plan, in_shard, shard_of
 from farm.policy import load_defaults
 from farm.recipes import load_recipes

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..arches import NO_OVERRIDES, resolve
 from ..archlist import ArchList
-from ..policy import clamp, load_defaults
 from ..platforms import lane
+from ..policy import clamp, load_defaults
 from .common import add_platform, check_cuda, check_version, load_recipe_arch, print_json
 
 
