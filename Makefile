@@ -42,6 +42,12 @@ recipes-check: setup
 farm: setup
 	$(BIN)/farm run
 
+# The main job on its embedded default: build farm_demo for cu130/torch2.13/py3.11 (in a container
+# when an engine can be set up here, else on the host), publish it, serve the index, pip-install it.
+demo: setup
+	-sh scripts/setup-engine.sh
+	$(BIN)/farm demo
+
 # Container engine (podman via the Docker CLI verbs) and debootstrap/qemu: idempotent, needs root.
 setup-engine:
 	sh scripts/setup-engine.sh

@@ -73,7 +73,8 @@ def channel_verdict(device: Gpu, channel: Channel, defaults: Defaults, recipe=No
 class Offer:
     channel: Channel
     verdict: CellVerdict
-    command: str
+    command: str           # pip
+    uv_command: str        # uv searches --extra-index-url first and stops at the first index with the name
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,23 @@ class FindAnswer:
     why_none: str | None               # set when nothing serves the device
 
 
-def install_command(channel: Channel, recipe=None) -> str:
+def exact_pin(channel: Channel, recipe=None) -> str:
     if recipe is None:
-        pin = f"<package>==<version>+{cuda_tag(channel.cuda)}torch{channel.torch}"
-    else:
-        label = cuda_tag(channel.cuda) + (f"torch{channel.torch}" if recipe.links_torch else "")
-        pin = f"{recipe.name}=={recipe.version or '<version>'}+{label}"
+        return f"<package>==<version>+{cuda_tag(channel.cuda)}torch{channel.torch}"
+    label = cuda_tag(channel.cuda) + (f"torch{channel.torch}" if recipe.links_torch else "")
+    return f"{recipe.name}=={recipe.version or '<version>'}+{label}"
+
+
+def install_command(channel: Channel, recipe=None) -> str:
+    """pip: the channel as the index, PyPI as extra; the exact pin decides, whatever PyPI offers."""
     return (f"pip install --index-url {index_base()}{channel.path} --extra-index-url {PYPI_SIMPLE} "
-            f"'{pin}'")
+            f"'{exact_pin(channel, recipe)}'")
+
+
+def uv_install_command(channel: Channel, recipe=None) -> str:
+    """uv gives --extra-index-url priority, so the channel goes there and PyPI is the index."""
+    return (f"uv pip install --index-url {PYPI_SIMPLE} --extra-index-url {index_base()}{channel.path} "
+            f"'{exact_pin(channel, recipe)}'")
 
 
 def find(device: Gpu, platform: str, python: str, defaults: Defaults, grid, *, driver: int | None = None,
@@ -124,7 +134,7 @@ def find(device: Gpu, platform: str, python: str, defaults: Defaults, grid, *, d
     why_none = None
     if not good:
         why_none = _why_none(device, platform, python, judged)
-    offers = tuple(Offer(c, v, install_command(c, recipe)) for c, v in good)
+    offers = tuple(Offer(c, v, install_command(c, recipe), uv_install_command(c, recipe)) for c, v in good)
     return FindAnswer(device, platform, python, offers, tuple(notes), why_none)
 
 

@@ -105,7 +105,8 @@ def find_command(args) -> int:
         print_json({"device": device.name, "cc": device.cc_text, "platform": args.platform, "python": args.python,
                     "notes": list(answer.notes), "why_none": answer.why_none,
                     "offers": [{"cuda": o.channel.cuda, "torch": o.channel.torch, "status": o.verdict.status,
-                                "reason": o.verdict.reason, "command": o.command} for o in answer.offers]})
+                                "reason": o.verdict.reason, "command": o.command, "uv_command": o.uv_command}
+                               for o in answer.offers]})
         return 0 if answer.offers else 1
     print(f"{device.name} (sm {device.cc_text}{', Tegra' if device.tegra else ''}) on {args.platform}, "
           f"Python {args.python}" + (f", driver {args.driver}" if args.driver else ""))
@@ -118,4 +119,5 @@ def find_command(args) -> int:
         c = offer.channel
         print(f"{i + 1:>2}. cu{c.cuda.replace('.', '')}/torch{c.torch}  {offer.verdict.status}: {offer.verdict.reason}")
         print(f"      {offer.command}")
+        print(f"      {offer.uv_command}")
     return 0

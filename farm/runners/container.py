@@ -160,7 +160,8 @@ class ContainerRunner(Runner):
         all_mounts = [*mounts, Mount(tools, TOOLS_TARGET, read_only=True)]
         if not any(m.target == PROJECT_TARGET for m in all_mounts):
             all_mounts.append(Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True))
-        step_env = {"FARM_CACHE": CACHE_TARGET, "PYTHONUNBUFFERED": "1", **env}
+        # FARM_IN_CONTAINER: the toolkit step names an installed toolkit `image`, not `system`.
+        step_env = {"FARM_CACHE": CACHE_TARGET, "FARM_IN_CONTAINER": "1", "PYTHONUNBUFFERED": "1", **env}
         # The project is importable from its read-only mount, ahead of anything the caller adds.
         step_env["PYTHONPATH"] = ":".join(x for x in (PROJECT_TARGET, env.get("PYTHONPATH", "")) if x)
         workdir = WORK_TARGET if any(m.target == WORK_TARGET for m in all_mounts) else None
