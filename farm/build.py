@@ -14,6 +14,7 @@ import os
 import platform as host_platform
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,12 @@ class NotBuildableHere(FarmError):
 
 class BuildFailed(FarmError):
     exit_code = 1
+
+
+class BuildOOM(BuildFailed):
+    """A step was killed with exit 137 (out of memory): `farm run` retries it with max_jobs halved (SPEC 8.4)."""
+
+    exit_code = 137
 
 
 @dataclass
@@ -78,7 +85,10 @@ def _recipe_spec(recipe: Recipe) -> dict:
 
 def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None = None, force: bool = False,
                publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
-               log=print) -> BuildResult:
+               log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
+               compiler_cache: bool = True) -> BuildResult:
+    """max_jobs: a clamp decided by the caller (memory admission, SPEC 8.4; recorded with its reason,
+    never keyed); compiler_cache: ccache for the (CUDA, torch) group (farm/ccache.py; recorded)."""
     from .runners import get_runner
 
     started = time.time()
@@ -102,13 +112,54 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
 
     house = Path(wheelhouse or paths.wheelhouse_dir())
-    from .wheelhouse import read_journal
-
-    entries = [e for e in read_journal(house).entries if e.cell == cell.id] if (house / "manifest.jsonl").exists() else []
+    entries = _cell_entries(house, cell.id)
     done = [e for e in entries if e.build_key == key]
     if done and not force:
         log(f"{cell.id}: up to date (build key {key[:12]} already in {house}: {done[-1].file})")
         return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {}, None)
+    with _cell_lock(cell.id, log) as waited:
+        if waited:   # the other build may have published this very key meanwhile
+            entries = _cell_entries(house, cell.id)
+            done = [e for e in entries if e.build_key == key]
+            if done and not force:
+                log(f"{cell.id}: up to date (published by the build this one waited for)")
+                return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {},
+                                   None)
+        return _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, out=out,
+                             publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
+                             max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache)
+
+
+def _cell_entries(house: Path, cell_id: str) -> list:
+    from .wheelhouse import read_journal
+
+    if not (house / "manifest.jsonl").exists():
+        return []
+    return [e for e in read_journal(house).entries if e.cell == cell_id]
+
+
+@contextmanager
+def _cell_lock(cell_id: str, log):
+    """One build of a cell at a time on this host: its work dir is shared (cache_dir()/work/<cell>)."""
+    import fcntl
+
+    folder = paths.cache_dir() / "work" / ".locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{cell_id}.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            log(f"{cell_id}: another build of this cell is running here; waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            waited = True
+        yield waited
+
+
+def _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, *, out, publish, plat,
+                  log, started, max_jobs, max_jobs_reason, compiler_cache) -> BuildResult:
+    from .ccache import cache_env, decision, group_dir, group_name
+
     build_number = None
     if entries:
         build_number = 1 + max(int(e.build_tag or 0) for e in entries)
@@ -128,6 +179,14 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     mounts = runner.standard_mounts(work=work, out=out)
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
+    recipe_jobs = recipe.parallelism(plan.defaults)[0]
+    jobs = max_jobs or recipe_jobs
+    cache_dir_host = group_dir(cell.cuda, cell.torch, cell.links_torch)
+    cache_dir_host.mkdir(parents=True, exist_ok=True)
+    if compiler_cache and runner.kind == "host":
+        from .ccache import ensure_ccache
+
+        ensure_ccache(log=lambda m: _append(log_path, f"[host] {m}"))   # the image brings its own
     record_base = {"cell": cell.id, "build_key": key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
                    "runner": runner.kind, "image": target["id"], "farm_version": __version__}
@@ -145,6 +204,9 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             "paths": {"out": paths_fn(out), "work": paths_fn(work)},
             "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
             "build_number": build_number, "record": record_base,
+            "max_jobs": jobs if max_jobs else None,
+            "compiler_cache_env": cache_env(enabled=compiler_cache, ccache_dir=paths_fn(cache_dir_host),
+                                            basedir=paths_fn(work), stats_log=paths_fn(out / "ccache-stats.log")),
         }
         path = out / f"spec-{where_runner}.json"
         write_atomic(path, json.dumps(spec, indent=2, sort_keys=True))
@@ -163,7 +225,8 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         code, _ = on_runner.run_step([which, "--spec", spec], env={}, mounts=mounts, network=network,
                                      log_path=log_path, timeout=recipe_timeout(recipe))
         if code != 0:
-            raise BuildFailed(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
+            kind = BuildOOM if code == 137 else BuildFailed
+            raise kind(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
 
     phase("source", HostRunner(arch=host_arch()), str(host_spec), True)
     _download_inputs(cell, recipe, target, toolkit_source, log_path)
@@ -183,6 +246,10 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         "verify_warnings": state["verify"].get("warnings"), "log": str(log_path),
         "dev_only": runner.network_isolation_when_off() == "open",
         "seconds": round(time.time() - started, 1),
+        "max_jobs": jobs, "max_jobs_recipe": recipe_jobs, "max_jobs_clamp": max_jobs_reason if max_jobs else None,
+        "compiler_cache": {**decision(compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)),
+                           **(state["compile"].get("compiler_cache") or {})},
+        "peak_process_mb": state["compile"].get("peak_process_mb"),
     }
     record_path = out / "build.json"
     write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -211,7 +278,9 @@ def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, lo
 
 
 def recipe_timeout(recipe: Recipe) -> float | None:
-    return getattr(recipe, "timeout", None)
+    """Seconds a step may take: the recipe's `timeout` is in minutes."""
+    minutes = getattr(recipe, "timeout", None)
+    return minutes * 60.0 if minutes else None
 
 
 def _append(path: Path, line: str) -> None:

@@ -49,6 +49,7 @@ class Steps:
         self.state = _read_state(self.out)
         self.torch_env = None
         self.toolkit = None
+        self.compiler_cache: dict = {}
 
     # ----- 1. source ------------------------------------------------------------
 
@@ -114,6 +115,11 @@ class Steps:
                                   cuda=self.cell["cuda"], max_jobs=r["max_jobs"], nvcc_threads=r["nvcc_threads"],
                                   nvcc_flags=r["nvcc_flags"], recipe_env=r["env"], exported=exported)
         env.update(self.spec.get("compiler_cache_env") or {})
+        if self.spec.get("max_jobs"):   # a clamp decided by the farm run (memory admission, SPEC 8.4)
+            env["MAX_JOBS"] = env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(self.spec["max_jobs"])
+        from .ccache import resolve_in_step
+
+        self.compiler_cache = resolve_in_step(env, self.toolkit.nvcc if self.toolkit else "nvcc")
         return env
 
     def compile(self) -> dict:
@@ -124,7 +130,17 @@ class Steps:
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
         wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log")
-        return {"wheel": str(wheel), "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")}}
+        cache = dict(self.compiler_cache)
+        if cache.get("active") and env.get("CCACHE_STATSLOG"):
+            from .ccache import read_stats_log
+
+            cache["stats"] = read_stats_log(env["CCACHE_STATSLOG"])
+        # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
+        import resource
+
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+        return {"wheel": str(wheel), "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
+                "compiler_cache": cache, "peak_process_mb": peak_mb}
 
     # ----- 5. label --------------------------------------------------------------
 
