@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "farm.commands.recipes",
     "farm.commands.plan",
     "farm.commands.build",
+    "farm.commands.run",
+    "farm.commands.ci",
     "farm.commands.demo",
     "farm.commands.wheelhouse",
     "farm.commands.images",

@@ -38,6 +38,10 @@ def register(sub) -> None:
     v = isub.add_parser("verify", help="re-hash every wheel and sidecar; follow every link of every page")
     _add_house(v)
     v.set_defaults(func=verify_command)
+    m = isub.add_parser("merge", help="publish the wheels of per-host staging wheelhouses into this one")
+    m.add_argument("stagings", nargs="+", metavar="STAGING")
+    _add_house(m)
+    m.set_defaults(func=merge_command)
 
     p = sub.add_parser("prune", help="delete yanked wheels (retention keeps 2 per cell) published before DATE")
     p.add_argument("--before", required=True, metavar="DATE", help="e.g. 2026-05-01 or 2026-05-01T12:00:00Z")
@@ -93,6 +97,17 @@ def verify_command(args) -> int:
         print(f"farm: {len(problems)} problem(s) in {_house(args)}", file=sys.stderr)
         return 1
     print("every wheel, sidecar and link checks out")
+    return 0
+
+
+def merge_command(args) -> int:
+    from ..wheelhouse.merge import merge
+
+    result = merge(args.stagings, _house(args))
+    for file in result.published:
+        print(f"published {file}")
+    print(f"merged {result.stagings} staging folder(s): {len(result.published)} new, "
+          f"{len(result.already)} already there")
     return 0
 
 

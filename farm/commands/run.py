@@ -1,0 +1,43 @@
+"""`farm run` (what `make farm` calls): build every selected cell that is not built yet (SPEC 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import BadInput
+from ..runners import RUNNER_KINDS
+from .plan import add_filters, filters_of
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("run", help="build what is missing, in parallel, resumably (make farm)")
+    add_filters(parser)
+    parser.add_argument("--jobs", type=int, help="cells at once (default: one per two CPUs)")
+    parser.add_argument("--mem-budget", type=float, metavar="GB",
+                        help="memory the builds may reserve, max_jobs x peak_gb_per_job each (default: MemAvailable)")
+    parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
+    parser.add_argument("--wheelhouse", type=Path, help="default: $FARM_WHEELHOUSE, else ./wheelhouse")
+    parser.add_argument("--build-dir", type=Path, help="per-cell build folders (default: the project's build/)")
+    parser.add_argument("--arm-jobs", type=int, default=1, help="emulated aarch64 cells at once (default 1)")
+    parser.add_argument("--no-compiler-cache", action="store_true", help="build without ccache (recorded)")
+    parser.add_argument("--dry-run", action="store_true", help="plan and list what would be built")
+    parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args) -> int:
+    from ..plan import parse_shard
+    from ..run import RunOptions, run_farm
+
+    for name in ("jobs", "arm_jobs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise BadInput("command line", f"--{name.replace('_', '-')}", value, "must be at least 1")
+    if args.mem_budget is not None and args.mem_budget <= 0:
+        raise BadInput("command line", "--mem-budget", args.mem_budget, "must be a positive number of GB")
+    options = RunOptions(filters=filters_of(args), shard=parse_shard(args.shard) if args.shard else None,
+                         jobs=args.jobs, mem_budget_gb=args.mem_budget, runner=args.runner,
+                         wheelhouse=args.wheelhouse, build_dir=args.build_dir, arm_jobs=args.arm_jobs,
+                         compiler_cache=not args.no_compiler_cache, dry_run=args.dry_run,
+                         plain=True if args.plain else None)
+    return run_farm(options).exit_code

@@ -1,0 +1,72 @@
+"""Merge per-host staging wheelhouses into one wheelhouse (SPEC 10: several build hosts, one indexer).
+
+Each build host (a CI job, a `farm run --shard` host) publishes into its own staging folder, a
+complete wheelhouse of its own. The indexer publishes every staged wheel into the real house with
+the staging manifest's record (cell, build key, arch list, Pythons and the other recorded fields;
+the building host is kept as `built_on`), through the same crash-safe `publish`. Before anything is
+written, every staged wheel is re-hashed against its staging manifest: a damaged artifact stops the
+merge with one line. Merging the same staging folder twice is a no-op (same bytes, same names), and
+a name already published with other bytes is refused (PublishConflict), never overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BadInput
+from ..paths import display
+from .index import FILES
+from .manifest import read_journal
+from .publish import publish
+
+
+@dataclass
+class MergeResult:
+    published: list[str] = field(default_factory=list)   # wheel files new in the house
+    already: list[str] = field(default_factory=list)     # same bytes were already there
+    stagings: int = 0
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def staged(staging: Path) -> tuple[list[Path], list[dict]]:
+    """(wheel paths, build records) of one staging wheelhouse, hashes checked."""
+    staging = Path(staging)
+    if not (staging / "manifest.jsonl").is_file():
+        raise BadInput(display(staging), "manifest.jsonl", None, "not a staging wheelhouse (no manifest.jsonl)")
+    wheels, records = [], []
+    for e in read_journal(staging).entries:
+        path = staging / FILES / e.project / e.file
+        if not path.is_file():
+            raise BadInput(display(staging), "manifest.jsonl", e.file, "listed but the wheel file is missing")
+        if _sha256(path) != e.sha256:
+            raise BadInput(display(path), "sha256", e.sha256[:12], "the staged wheel does not match its manifest")
+        record = {**e.extra, "wheel": e.file, "cell": e.cell, "pythons": list(e.pythons), "built_on": e.host}
+        if e.build_key:
+            record["build_key"] = e.build_key
+        if e.arch_list:
+            record["arch_list"] = e.arch_list
+        wheels.append(path)
+        records.append(record)
+    return wheels, records
+
+
+def merge(stagings, wheelhouse) -> MergeResult:
+    """Publish every wheel of every staging folder into `wheelhouse`; all staging folders are checked first."""
+    batches = [staged(Path(s)) for s in stagings]
+    result = MergeResult(stagings=len(batches))
+    for wheels, records in batches:
+        if not wheels:
+            continue
+        done = publish(wheels, wheelhouse, record=records)
+        result.published += [e.file for e in done.published]
+        result.already += [e.file for e in done.already]
+    return result
