@@ -33,7 +33,9 @@ def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhous
 
     house = Path(wheelhouse or paths.wheelhouse_dir())
     result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log)
-    server = make_server(house, "127.0.0.1", 0)
+    access_log = paths.PROJECT_ROOT / "build" / "demo-access.log"
+    access_log.parent.mkdir(parents=True, exist_ok=True)
+    server = make_server(house, "127.0.0.1", 0, access_log=access_log)
     port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -58,7 +60,7 @@ def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhous
                                   key=lambda s: int(s[8:])))
     finally:
         server.shutdown()
-    log(f"installed {installed} from {channel}")
+    log(f"installed {installed} from {channel} (server log: {access_log})")
     log(f"  SASS: {sass}")
     log(f"  PTX:  {ptx}")
     return {"wheel": str(result.wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}
