@@ -225,7 +225,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
         code, _ = on_runner.run_step([which, "--spec", spec], env={}, mounts=mounts, network=network,
                                      log_path=log_path, timeout=recipe_timeout(recipe))
         if code != 0:
-            kind = BuildOOM if code == 137 else BuildFailed
+            kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
             raise kind(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
 
     phase("source", HostRunner(arch=host_arch()), str(host_spec), True)
@@ -294,6 +294,6 @@ def _failure_line(log_path: Path, code: int) -> str:
     for line in reversed(lines):
         if line.startswith("farm.steps: ") or line.startswith("farm: "):
             return line.split(": ", 1)[1]
-    if code == 137:
-        return "killed (exit 137: out of memory?)"
+    if code in (137, -9):
+        return f"killed (exit {code}: out of memory?)"
     return f"step exited {code}: {lines[-1] if lines else 'no output'}"

@@ -34,7 +34,7 @@ def _selected(args):
 
 
 def github_command(args) -> int:
-    from ..ci import github_workflows
+    from ..ci import actionlint_config, github_workflows
     from ..yamlio import write_atomic
 
     plan, cells, shard = _selected(args)
@@ -42,10 +42,14 @@ def github_command(args) -> int:
     for name, text in files.items():
         write_atomic(args.out / name, text)
         print(f"wrote {args.out / name} ({len(text.encode())} bytes)")
+    config = args.out.parent / "actionlint.yaml"   # .github/actionlint.yaml next to .github/workflows/
+    write_atomic(config, actionlint_config())
+    print(f"wrote {config}")
     lanes = sorted({c.lane for c in chunks})
     print(f"{sum(len(c.cells) for c in chunks)} cells in {len(chunks)} build jobs ({', '.join(lanes) or 'none'})")
-    for why, ids in left.items():
-        print(f"left out: {len(ids)} cells, {why}")
+    if left:
+        print(f"left out: {sum(len(v) for v in left.values())} cells of recipes that need a patch nobody wrote: "
+              + ", ".join(why.split("(")[1].rstrip(")") for why in left))
     return 0
 
 
