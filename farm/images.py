@@ -27,6 +27,7 @@ from filelock import FileLock
 from .engine import Engine, EngineError, Mount
 from .errors import BadInput, FarmError
 from .paths import PROJECT_ROOT, cache_dir
+from .platforms import plat_glibc
 from .yamlio import write_atomic
 
 DOCKER_DIR = PROJECT_ROOT / "docker"
@@ -317,15 +318,6 @@ def _glibc_tag(glibc: str, arch: str) -> str:
     return f"manylinux_{major}_{minor}_{arch}"
 
 
-def plat_glibc(plat: str) -> tuple[int, int]:
-    m = re.fullmatch(r"manylinux_(\d+)_(\d+)(?:_(\w+))?", plat)
-    if not m:
-        legacy = {"manylinux2014": (2, 17), "manylinux2010": (2, 12), "manylinux1": (2, 5)}
-        for name, v in legacy.items():
-            if plat == name or plat.startswith(name + "_"):
-                return v
-        raise ValueError(plat)
-    return int(m.group(1)), int(m.group(2))
 
 
 def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: str) -> Image:

@@ -7,6 +7,8 @@ platform tags. Lanes group platforms that share arch lists.
 
 from __future__ import annotations
 
+import re
+
 PLATFORMS = ("linux", "windows", "linux_aarch64")
 X86_LANE = "x86"
 ARM_LANE = "aarch64"
@@ -47,3 +49,21 @@ def from_wheel_platform_tag(tag: str) -> str | None:
 
 def is_valid(platform: str) -> bool:
     return platform in PLATFORMS
+
+
+_MANYLINUX_ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+_MANYLINUX = re.compile(r"^(manylinux_(\d+)_(\d+)|manylinux1|manylinux2010|manylinux2014)"
+                        r"(?:_(x86_64|aarch64|i686|ppc64le|s390x|armv7l))?$")
+
+
+def plat_glibc(tag: str) -> tuple[int, int]:
+    """The glibc a manylinux tag promises: 'manylinux_2_28[_x86_64]' or 'manylinux2014_x86_64' -> (2, 28).
+
+    ValueError for anything else (linux_x86_64, win_amd64, ...).
+    """
+    m = _MANYLINUX.match(tag)
+    if not m:
+        raise ValueError(tag)
+    if m.group(2):
+        return int(m.group(2)), int(m.group(3))
+    return _MANYLINUX_ALIASES[m.group(1)]

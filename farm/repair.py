@@ -40,11 +40,10 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
 from .errors import BadInput, FarmError
+from .platforms import plat_glibc
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
 DRIVER_AND_RUNTIME = ("libcuda.so*", "libcudart.so*")
-_ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-_PLAT = re.compile(r"^(manylinux_(\d+)_(\d+)|manylinux1|manylinux2010|manylinux2014)(?:_(x86_64|aarch64|i686|ppc64le|s390x|armv7l))?$")
 _MANGLED = re.compile(r"^(?P<base>[^.]+)-[0-9a-f]{8}(?P<ext>\..+)$")
 
 
@@ -71,21 +70,13 @@ class RepairResult:
 # ---------------------------------------------------------------- platform tags
 
 
-def plat_glibc(tag: str) -> tuple[int, int]:
-    """'manylinux_2_28[_x86_64]' or 'manylinux2014_x86_64' -> (2, 28); ValueError otherwise."""
-    m = _PLAT.match(tag)
-    if not m:
-        raise ValueError(tag)
-    if m.group(2):
-        return int(m.group(2)), int(m.group(3))
-    return _ALIASES[m.group(1)]
 
 
 def full_plat(tag: str, arch: str) -> str:
     """Any manylinux spelling -> 'manylinux_X_Y_<arch>' (PEP 600)."""
     major, minor = plat_glibc(tag)
-    m = _PLAT.match(tag)
-    if m.group(4) and m.group(4) != arch:
+    m = re.search(r"_(x86_64|aarch64|i686|ppc64le|s390x|armv7l)$", tag)
+    if m and m.group(1) != arch:
         raise ValueError(tag)
     return f"manylinux_{major}_{minor}_{arch}"
 

@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 from .archlist import ArchList
 from .errors import FarmError
 from .fatbin import FatbinError, FatbinReport, read_fatbin
-from .platforms import from_wheel_platform_tag, lane
+from .platforms import from_wheel_platform_tag, lane, plat_glibc
 from .recipes import Verify as VerifyKnobs
 from .versions import cuda_tag
 from .versions import python_tag as _pytag
@@ -72,7 +72,6 @@ _TORCH_LIB = re.compile(r"^lib(?:torch[\w-]*|c10[\w-]*)\.so")
 # Mangled names in the at::, c10:: and torch:: namespaces (plain, const/volatile members, typeinfo/vtables).
 _TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
 _DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")   # the driver API: cuInit, cuModuleLoadData, ...
-_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
 IMPORT_TIMEOUT = 300
 
@@ -309,13 +308,10 @@ class _Wheel:
 
 
 def _glibc_of_tag(platform_tag: str) -> tuple[int, int] | None:
-    m = re.match(r"^manylinux_(\d+)_(\d+)_", platform_tag)
-    if m:
-        return (int(m.group(1)), int(m.group(2)))
-    for legacy, v in _LEGACY_MANYLINUX.items():
-        if platform_tag.startswith(legacy + "_"):
-            return v
-    return None
+    try:
+        return plat_glibc(platform_tag)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------- the checks
