@@ -164,7 +164,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     if entries:
         build_number = 1 + max(int(e.build_tag or 0) for e in entries)
 
-    out = Path(out or paths.PROJECT_ROOT / "build" / cell.id)
+    out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
     work = paths.cache_dir() / "work" / cell.id
     for folder in (out, work):
         shutil.rmtree(folder, ignore_errors=True)
