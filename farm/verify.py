@@ -959,30 +959,21 @@ def lowest_glibc(path: Path | str) -> str | None:
 
 # ---------------------------------------------------------------- cells (farm verify --cell)
 
-_PLACEHOLDER = re.compile(r"\{(VER|LOCAL)(?::([A-Za-z0-9_.-]+))?\}")
-
-
 def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:
     """The recipe's requires_dist for this cell: {LOCAL}, {LOCAL:x} and pinned {VER:x} filled in.
 
     A {VER:x} whose recipe pins no version is known only after x is built: it becomes `*`
     (any version) and the metadata check matches that entry as a pattern.
     """
+    from .label import substitute_requires
+
     if recipe.requires_dist is None:
         return None
-
-    def fill(m: re.Match) -> str:
-        kind, other = m.group(1), m.group(2)
-        if kind == "LOCAL":
-            if other is None:
-                return cell.local_label
-            sibling = recipes.get(other)
-            torch = f"torch{cell.torch}" if sibling is not None and sibling.links_torch else ""
-            return cuda_tag(cell.cuda) + torch
-        pinned = getattr(recipes.get(other), "version", None)
-        return pinned or "*"
-
-    return tuple(_PLACEHOLDER.sub(fill, r) for r in recipe.requires_dist)
+    labels = {name: cuda_tag(cell.cuda) + (f"torch{cell.torch}" if other.links_torch else "")
+              for name, other in recipes.items()}
+    versions = {name: other.version or "*" for name, other in recipes.items()}
+    return tuple(substitute_requires(list(recipe.requires_dist), cell.local_label, versions, labels,
+                                     where=str(getattr(recipe, "path", "recipe"))))
 
 
 def cell_expectation(cell_id: str) -> Expectation:
