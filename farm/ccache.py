@@ -43,7 +43,10 @@ def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
 
 
 def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
-    return paths.cache_dir() / "ccache" / group_name(cuda, torch, links_torch)
+    """cache_dir()/ccache/<group>; FARM_CCACHE_DIR replaces cache_dir()/ccache (a cold cache for benchmarks:
+    host runner only, a container mounts cache_dir()/ccache)."""
+    root = Path(os.environ["FARM_CCACHE_DIR"]) if os.environ.get("FARM_CCACHE_DIR") else paths.cache_dir() / "ccache"
+    return root / group_name(cuda, torch, links_torch)
 
 
 def find_ccache() -> str | None:

@@ -1,0 +1,344 @@
+"""`farm run` end to end (issue 8), with real builds of the bundled demo (cu130 / torch 2.13, real nvcc,
+the default runner: podman when it answers), a deliberately broken copy of it, and the shared compiler
+cache that keeps repeats fast.
+
+One module-scoped wheelhouse serves the first-run / second-run tests; the interrupt test and the
+memory tests use houses of their own but reuse the ccache group, the torch environments and the
+toolkit from the shared cache, so after the first cold compile each build is seconds of compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from farmcli import PROJECT, run_farm
+
+DEMO = PROJECT / "examples" / "farm-demo"
+PY311, PY312 = "farm_demo-cu130-torch2.13-py311", "farm_demo-cu130-torch2.13-py312"
+BROKEN = "farm_broken-cu130-torch2.13-py311"
+SELECT = ("--cuda", "13.0", "--torch", "2.13", "--python", "3.11", "--python", "3.12", "--platform", "linux")
+
+
+def demo_recipe(folder: Path, extra: str = "") -> None:
+    text = (PROJECT / "recipes" / "farm_demo.yml").read_text().replace("../examples/farm-demo", str(DEMO))
+    (folder / "farm_demo.yml").write_text(text + extra)
+
+
+def broken_recipe(folder: Path, source: Path, name: str = "farm_broken", extra: str = "") -> None:
+    """A copy of farm_demo whose every source file starts with #error: the compile itself fails."""
+    if not source.exists():
+        shutil.copytree(DEMO, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        for f in (source / "csrc").glob("*.c*"):
+            f.write_text('#error "farm test: this source is deliberately broken"\n' + f.read_text())
+    (folder / f"{name}.yml").write_text(
+        f"name: {name}\nsource:\n  path: {source}\nlinks_torch: true\n"
+        "combinations:\n  - {cuda: '13.0', torch: '2.13.0', pythons: ['3.11']}\n"
+        "max_jobs: 2\npeak_gb_per_job: 2\nverify:\n  import_names: [farm_demo]\n" + extra)
+
+
+def farm_run(env: dict, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    return run_farm("run", "--plain", *args, env=env, timeout=timeout)
+
+
+def report(house: Path) -> dict:
+    return json.loads((house / "runs" / "latest.json").read_text())
+
+
+def cells_of(rep: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in rep["cells"]}
+
+
+def manifest(house: Path) -> list[dict]:
+    path = house / "manifest.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wheel_stat(house: Path, cell: str) -> tuple[int, int]:
+    entry = next(e for e in manifest(house) if e["cell"] == cell)
+    st = (house / "files" / entry["project"] / entry["file"]).stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("farm-run")
+    recipes = root / "recipes"
+    recipes.mkdir()
+    demo_recipe(recipes)
+    broken_recipe(recipes, root / "broken-src")
+    env = {"FARM_RECIPES": str(recipes)}
+    return root, env
+
+
+@pytest.fixture(scope="module")
+def first_run(farm):
+    root, env = farm
+    house, build = root / "house", root / "build"
+    t0 = time.monotonic()
+    res = farm_run(env, "--jobs", "2", "--wheelhouse", str(house), "--build-dir", str(build),
+                   "--package", "farm_demo", "--package", "farm_broken", *SELECT)
+    return res, house, build, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------- the acceptance run
+
+@pytest.mark.slow
+def test_first_run_publishes_the_good_cells_reports_the_broken_one_and_exits_nonzero(first_run):
+    res, house, build, _ = first_run
+    assert res.returncode == 1, res.stdout + res.stderr
+    published = {e["cell"]: e for e in manifest(house)}
+    assert set(published) == {PY311, PY312}
+    assert all(e["build_key"] for e in published.values())
+    rep = report(house)
+    cells = cells_of(rep)
+    assert rep["exit_code"] == 1 and rep["counts"] == {"built": 2, "failed": 1}
+    broken = cells[BROKEN]
+    assert broken["status"] == "failed" and broken["wheel"] is None
+    assert "deliberately broken" in broken["excerpt"] and "error" in broken["message"]
+    log = house / "runs" / broken["log_link"]
+    assert log.is_file() and "deliberately broken" in log.read_text()
+    for cell in (PY311, PY312):
+        c = cells[cell]
+        assert c["status"] == "built" and Path(c["wheel"]).name == published[cell]["file"]
+        assert c["duration"] > 0 and c["peak_process_mb"] > 0 and c["max_jobs"] == 2
+        assert c["compiler_cache"]["enabled"] and c["compiler_cache"]["active"]
+    page = (house / "runs" / "latest.html").read_text()
+    assert BROKEN in page and "deliberately broken" in page and 'class="failed"' in page
+    # the summary table and the final counts are printed
+    assert re.search(rf"{BROKEN}\s+failed", res.stdout) and re.search(rf"{PY312}\s+built", res.stdout)
+    assert "cells: 2 built, 1 failed (of 3 selected)" in res.stdout
+
+
+@pytest.mark.slow
+def test_build_record_says_what_the_compiler_cache_did(first_run):
+    _, house, build, _ = first_run
+    record = json.loads((build / PY311 / "build.json").read_text())
+    cache = record["compiler_cache"]
+    assert cache["enabled"] and cache["group"] == "cu130-torch2.13"
+    assert cache["nvcc"].startswith("PYTORCH_NVCC=ccache") and cache["torch_wrapper"].startswith("on")
+    files = cache["stats"]["files"]
+    assert sorted(Path(f).name for f in files) == ["binding.cpp", "elementwise.cu", "reduce.cu"]
+    steps = json.loads((build / PY311 / "steps.json").read_text())
+    env = steps["compile"]["env"]
+    assert env["PYTORCH_NVCC"].startswith("ccache /") and env["PYTORCH_NVCC"].endswith("/bin/nvcc")
+    assert env["CCACHE_DIR"].endswith("/ccache/cu130-torch2.13") and env["CCACHE_NOHASHDIR"] == "1"
+    assert "TORCH_NO_COMPILER_WRAPPER" not in env
+
+
+@pytest.mark.slow
+def test_second_run_builds_nothing_and_exits_zero_in_under_3_s(first_run, farm):
+    _, house, build, _ = first_run
+    _, env = farm
+    before = {c: wheel_stat(house, c) for c in (PY311, PY312)}
+    t0 = time.monotonic()
+    res = farm_run(env, "--wheelhouse", str(house), "--build-dir", str(build), "--package", "farm_demo", *SELECT)
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert elapsed < 3.0, f"{elapsed:.2f}s"
+    assert "2 skipped (of 2 selected)" in res.stdout
+    assert {c: wheel_stat(house, c) for c in (PY311, PY312)} == before
+    assert report(house)["counts"] == {"skipped": 2}
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_tried_again_on_the_next_run(first_run, farm):
+    """Only a published build key finishes a cell: the broken cell is not remembered as done."""
+    _, house, build, _ = first_run
+    _, env = farm
+    res = farm_run(env, "--wheelhouse", str(house), "--build-dir", str(build), "--package", "farm_broken", *SELECT)
+    assert res.returncode == 1
+    assert cells_of(report(house))[BROKEN]["status"] == "failed"
+
+
+# ---------------------------------------------------------------- interrupt and resume
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(f"{entry.name}: {cmd[:200]}")
+    return found
+
+
+@pytest.mark.slow
+def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(farm, tmp_path):
+    root, env = farm
+    house, build = tmp_path / "house", tmp_path / "build"
+    argv = [sys.executable, "-m", "farm", "run", "--plain", "--jobs", "1", "--wheelhouse", str(house),
+            "--build-dir", str(build), "--package", "farm_demo", *SELECT]
+    out = tmp_path / "run1.out"
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=PROJECT)
+    try:
+        _wait_for(lambda: f"start {PY312}" in out.read_text(), 1800, "the second cell to start")
+        assert [e["cell"] for e in manifest(house)] == [PY311]
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert code == 130, text
+    rep = report(house)
+    assert cells_of(rep)[PY312]["status"] == "interrupted" and cells_of(rep)[PY311]["status"] == "built"
+    assert rep["exit_code"] == 130
+    assert not _processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
+    assert not _processes_mentioning(f"--child {PY312}")
+    assert [e["cell"] for e in manifest(house)] == [PY311]
+    finished = wheel_stat(house, PY311)
+
+    res = farm_run(env, "--jobs", "1", "--wheelhouse", str(house), "--build-dir", str(build),
+                   "--package", "farm_demo", *SELECT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rep = report(house)
+    assert rep["skipped"] == [PY311] and cells_of(rep)[PY312]["status"] == "built"
+    assert wheel_stat(house, PY311) == finished                  # same inode, same mtime: untouched
+    assert sorted(e["cell"] for e in manifest(house)) == [PY311, PY312]
+
+
+# ---------------------------------------------------------------- memory admission and OOM
+
+@pytest.mark.slow
+def test_memory_admission_clamps_max_jobs_records_it_and_keeps_every_arch(farm, tmp_path):
+    _, env = farm
+    house, build = tmp_path / "house", tmp_path / "build"
+    # farm_demo: max_jobs 2 x peak_gb_per_job 2 = 4 GB; a 3 GB budget admits one job
+    res = farm_run(env, "--mem-budget", "3", "--wheelhouse", str(house), "--build-dir", str(build),
+                   "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--python", "3.11",
+                   "--platform", "linux")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "clamped" in res.stdout
+    record = json.loads((build / PY311 / "build.json").read_text())
+    assert record["max_jobs"] == 1 and record["max_jobs_recipe"] == 2
+    assert "memory admission" in record["max_jobs_clamp"]
+    assert record["arch_list"] == "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"     # never fewer archs
+    steps = json.loads((build / PY311 / "steps.json").read_text())
+    assert steps["compile"]["env"]["MAX_JOBS"] == "1"
+    assert cells_of(report(house))[PY311]["max_jobs_clamp"] == record["max_jobs_clamp"]
+
+
+OOM_SETUP = '''\
+"""Kills the farm's step process with SIGKILL, as the kernel's OOM killer would (the test says so)."""
+import os
+import signal
+
+with open({log!r}, "a") as fh:
+    fh.write(os.environ.get("MAX_JOBS", "?") + "\\n")
+pid = os.getppid()
+while pid > 1:
+    with open(f"/proc/{{pid}}/cmdline", "rb") as fh:
+        if b"farm.steps" in fh.read():
+            os.kill(pid, signal.SIGKILL)
+            break
+    with open(f"/proc/{{pid}}/stat") as fh:
+        pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+raise SystemExit("the step process was not found")
+'''
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_kill_is_retried_once_with_max_jobs_halved(farm, tmp_path):
+    """No real memory exhaustion (it would take the shared machine down): the compile SIGKILLs the step,
+    which is exactly what the OOM killer does; the farm must call it oom and retry once with half the jobs."""
+    root, _ = farm
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    src = tmp_path / "oom-src"
+    src.mkdir()
+    log = tmp_path / "max_jobs.log"
+    (src / "setup.py").write_text(OOM_SETUP.format(log=str(log)))
+    (recipes / "farm_oom.yml").write_text(
+        f"name: farm_oom\nsource:\n  path: {src}\nversion: 0.1.0\nlinks_torch: true\n"
+        "combinations:\n  - {cuda: '13.0', torch: '2.13.0', pythons: ['3.11']}\nmax_jobs: 4\npeak_gb_per_job: 1\n")
+    house = tmp_path / "house"
+    res = farm_run({"FARM_RECIPES": str(recipes)}, "--runner", "host", "--mem-budget", "16",
+                   "--wheelhouse", str(house), "--build-dir", str(tmp_path / "build"))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert log.read_text().split() == ["4", "2"]
+    cell = cells_of(report(house))["farm_oom-cu130-torch2.13-py311"]
+    assert cell["status"] == "oom" and cell["attempts"] == 2 and cell["max_jobs"] == 2
+    assert "out of memory" in cell["max_jobs_clamp"]
+    assert "oom farm_oom-cu130-torch2.13-py311: retrying once" in res.stdout
+
+
+# ---------------------------------------------------------------- selection (no builds)
+
+def test_unbuildable_cells_are_left_out_and_counted_in_one_line(tmp_path):
+    res = run_farm("run", "--plain", "--dry-run", "--package", "farm_demo", "--wheelhouse", str(tmp_path / "h"))
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if "unbuildable here (" in ln)
+    assert "Windows cells on a non-Windows host" in line and "CUDA 12.8: no toolkit here" in line
+    planned = re.search(r"(\d+) cells planned: 0 already built \(skipped\), (\d+) to build, (\d+) unbuildable", res.stdout)
+    total, todo, unbuildable = map(int, planned.groups())
+    assert total == todo + unbuildable and todo >= 2 and unbuildable > todo
+    assert f"would build {PY311}" in res.stdout and "-win" not in " ".join(
+        ln for ln in res.stdout.splitlines() if ln.startswith("[farm run] would build"))
+
+
+def test_needs_patch_cells_are_unbuildable_here_not_failures(tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    broken_recipe(recipes, tmp_path / "src", extra="needs_patch: true\n")
+    res = run_farm("run", "--plain", "--dry-run", "--wheelhouse", str(tmp_path / "h"),
+                   env={"FARM_RECIPES": str(recipes)})
+    assert res.returncode == 0 and "needs_patch" in res.stdout and "0 to build" in res.stdout
+
+
+@pytest.mark.slow
+def test_an_expected_failure_is_reported_and_the_run_exits_zero(farm, tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    broken_recipe(recipes, farm[0] / "broken-src", extra=(
+        "expected_fail:\n  cells: farm_broken-cu130-*\n  reason: the test's source is broken on purpose\n"))
+    house = tmp_path / "house"
+    res = farm_run({"FARM_RECIPES": str(recipes)}, "--wheelhouse", str(house), "--build-dir", str(tmp_path / "b"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    cell = cells_of(report(house))[BROKEN]
+    assert cell["status"] == "expected-fail" and "deliberately broken" in cell["excerpt"]
+    assert cell["expected_fail"] == "the test's source is broken on purpose"
+
+
+def test_build_requires_farm_pulls_in_and_orders_the_dependency(tmp_path):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    demo_recipe(recipes)
+    text = (recipes / "farm_demo.yml").read_text().replace("name: farm_demo", "name: farm_needs_demo")
+    (recipes / "farm_needs_demo.yml").write_text(text + "build_requires_farm: [farm_demo]\n")
+    res = run_farm("run", "--plain", "--dry-run", "--package", "farm_needs_demo", "--cuda", "13.0", "--torch", "2.13",
+                   "--python", "3.12", "--platform", "linux", "--wheelhouse", str(tmp_path / "h"),
+                   env={"FARM_RECIPES": str(recipes)})
+    assert res.returncode == 0, res.stderr
+    order = [ln.split()[4] for ln in res.stdout.splitlines() if ln.startswith("[farm run] would build")]
+    assert order == [PY312, "farm_needs_demo-cu130-torch2.13-py312"]
+    assert "(needed by another cell)" in res.stdout
+
+
+def test_bad_options_are_one_line_exit_2(tmp_path):
+    for args, key in ((["--jobs", "0"], "--jobs"), (["--mem-budget", "-1"], "--mem-budget"),
+                      (["--shard", "3/2"], "--shard")):
+        res = run_farm("run", "--dry-run", *args, "--wheelhouse", str(tmp_path))
+        assert res.returncode == 2 and key in res.stderr and res.stderr.count("\n") == 1
