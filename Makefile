@@ -39,8 +39,11 @@ plan: setup
 recipes-check: setup
 	$(BIN)/farm recipes check
 
+# Build every cell this host can build that is not in the wheelhouse yet (resumable; see README "The farm run").
+# e.g. make farm FARM_ARGS="--package farm_demo --jobs 2"
+FARM_ARGS ?=
 farm: setup
-	$(BIN)/farm run
+	$(BIN)/farm run $(FARM_ARGS)
 
 # The main job on its embedded default: build farm_demo for cu130/torch2.13/py3.11 (in a container
 # when an engine can be set up here, else on the host), publish it, serve the index, pip-install it.
