@@ -108,6 +108,24 @@ def test_emulated_concurrency_is_its_own_setting():
     assert not emulation.is_emulated("windows", "x86_64")
 
 
+def test_emulated_steps_see_an_arm_cpu_not_the_hosts(tmp_path):
+    # torch's CPU detection segfaults on the host's x86 /proc/cpuinfo under qemu-user: the
+    # container runner mounts these over it (the arm-marked build is the proof they suffice).
+    mounts = dict((dst, src) for src, dst in emulation.fake_arm_cpu(tmp_path, cpus=3))
+    info = Path(mounts["/proc/cpuinfo"]).read_text()
+    assert re.findall(r"^processor\t: (\d+)$", info, re.M) == ["0", "1", "2"]
+    assert "CPU implementer\t: 0x41" in info and "CPU part\t: 0xd0c" in info and "asimd" in info
+    assert "GenuineIntel" not in info and "flags" not in info
+    sys_cpu = Path(mounts["/sys/devices/system/cpu"])
+    assert (sys_cpu / "online").read_text() == "0-2\n"
+    midr = (sys_cpu / "cpu2" / "regs" / "identification" / "midr_el1").read_text()
+    assert re.fullmatch(r"0x[0-9a-f]{16}\n", midr) and int(midr, 16) >> 24 == 0x41
+    assert (sys_cpu / "cpu1" / "cache" / "index3" / "shared_cpu_list").read_text() == "0-2\n"
+    # Written once: a second call returns the same files.
+    assert emulation.fake_arm_cpu(tmp_path, cpus=3) == [(Path(mounts["/proc/cpuinfo"]), "/proc/cpuinfo"),
+                                                        (sys_cpu, "/sys/devices/system/cpu")]
+
+
 @pytest.mark.skipif(emulation.cell_arch("linux") != "x86_64" or os.uname().machine != "x86_64",
                     reason="x86_64 hosts only")
 def test_an_arm_cell_on_the_x86_host_runner_is_refused_in_one_line(tmp_path):

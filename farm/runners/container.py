@@ -160,6 +160,11 @@ class ContainerRunner(Runner):
         all_mounts = [*mounts, Mount(tools, TOOLS_TARGET, read_only=True)]
         if not any(m.target == PROJECT_TARGET for m in all_mounts):
             all_mounts.append(Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True))
+        if self.arch != images.host_arch():
+            # qemu-user shows the guest the host's x86 CPU files; torch segfaults parsing them.
+            from ..emulation import fake_arm_cpu
+
+            all_mounts += [Mount(src, dst, read_only=True) for src, dst in fake_arm_cpu(cache_dir() / "emulation")]
         # FARM_IN_CONTAINER: the toolkit step names an installed toolkit `image`, not `system`.
         step_env = {"FARM_CACHE": CACHE_TARGET, "FARM_IN_CONTAINER": "1", "PYTHONUNBUFFERED": "1", **env}
         # The project is importable from its read-only mount, ahead of anything the caller adds.
