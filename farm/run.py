@@ -587,13 +587,16 @@ class Scheduler:
             self.events("finish", cell)
             return
         cell.excerpt = failure_excerpt(out_dir, job.out_path)
+        if self.interrupted or code in (130, -signal.SIGINT):
+            cell.status = "interrupted"
+            cell.message = "stopped by an interrupt of the run; the next run builds it again"
+            self.events("finish", cell)
+            return
         message = result.get("message") or _last_farm_line(job.out_path) or f"exit {code}"
         first = next((ln.strip() for ln in (cell.excerpt or "").splitlines() if "error:" in ln), None)
         cell.message = f"{first} ({message})" if first and first not in message else message
         oom = code in (137, -signal.SIGKILL) or any(p in (cell.excerpt or "") for p in OOM_PATTERNS)
-        if self.interrupted or code in (130, -signal.SIGINT):
-            cell.status = "interrupted"
-        elif oom and not cell.oom_retry:
+        if oom and not cell.oom_retry:
             cell.oom_retry = True
             cell.status = "pending"
             self.pending.insert(0, cell)

@@ -40,7 +40,7 @@ def broken_recipe(folder: Path, source: Path, name: str = "farm_broken", extra: 
         for f in (source / "csrc").glob("*.c*"):
             f.write_text('#error "farm test: this source is deliberately broken"\n' + f.read_text())
     (folder / f"{name}.yml").write_text(
-        f"name: {name}\nsource:\n  path: {source}\nlinks_torch: true\n"
+        f"name: {name}\nsource:\n  path: {source}\nlinks_torch: true\nplatforms: [linux]\n"
         "combinations:\n  - {cuda: '13.0', torch: '2.13.0', pythons: ['3.11']}\n"
         "max_jobs: 2\npeak_gb_per_job: 2\nverify:\n  import_names: [farm_demo]\n" + extra)
 
