@@ -184,8 +184,10 @@ class Display:
                 from rich.table import Table
 
                 table = Table(title="farm run", show_lines=False)
-                for col in ("cell", "status", "time", "max_jobs", "peak MB", "wheel / why"):
-                    table.add_column(col)
+                table.add_column("cell", no_wrap=True)
+                for col in ("status", "time", "max_jobs", "peak MB"):
+                    table.add_column(col, no_wrap=True)
+                table.add_column("wheel / why", overflow="ellipsis", no_wrap=True, max_width=70)
                 for c in rows[:SUMMARY_ROWS]:
                     style = "green" if c.status in DONE else "yellow" if c.status == "expected-fail" else "red"
                     table.add_row(c.id, f"[{style}]{c.status}[/]", _fmt_s(c.duration), _jobs_text(c),

@@ -342,3 +342,34 @@ def test_bad_options_are_one_line_exit_2(tmp_path):
                       (["--shard", "3/2"], "--shard")):
         res = run_farm("run", "--dry-run", *args, "--wheelhouse", str(tmp_path))
         assert res.returncode == 2 and key in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
+    """The rich display, rendered into a string (a terminal is faked: tests run without one)."""
+    import io
+    from types import SimpleNamespace
+
+    from farm.run import CellRun, RunResult
+    from farm.run_report import Display
+
+    stream = io.StringIO()
+    display = Display(plain=False, stream=stream)
+    display.console.width = 160
+    ok = CellRun(PY311, "farm_demo", "linux", status="running", max_jobs=2, attempts=1, started=time.time() - 5)
+    bad = CellRun(BROKEN, "farm_broken", "linux", status="running", max_jobs=1, attempts=1, started=time.time() - 3,
+                  max_jobs_clamp="memory admission: ...")
+    sched = SimpleNamespace(running={c.id: SimpleNamespace(cell=c) for c in (ok, bad)}, pending=[], jobs=2)
+    display.start(2, 1)
+    display.event("start", ok, sched)
+    ok.status, ok.duration, ok.wheel = "built", 5.0, "/x/farm_demo-0.1.0+cu130torch2.13-cp311-cp311-linux_x86_64.whl"
+    del sched.running[PY311]
+    display.event("finish", ok, sched)
+    bad.status, bad.duration, bad.message = "failed", 3.0, "error: #error deliberately broken"
+    del sched.running[BROKEN]
+    display.event("finish", bad, sched)
+    display.stop()
+    display.summary(RunResult("r", 1, [ok, bad], {"Windows cells on a non-Windows host": ["x-win"]}), None)
+    text = stream.getvalue()
+    assert "done 1  failed 1  expected-fail 0  skipped 1" in text
+    assert re.search(rf"{BROKEN}\s*│\s*failed", text) and "1*" in text          # clamped max_jobs is marked
+    assert "unbuildable here (not selected, exit code unaffected): 1 cells" in text
