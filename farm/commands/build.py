@@ -16,6 +16,7 @@ def register(sub) -> None:
     parser.add_argument("--no-publish", action="store_true")
     parser.add_argument("--wheelhouse", type=Path)
     parser.add_argument("--plat", help="wheel platform tag to ask auditwheel for (default: the image's)")
+    parser.add_argument("--no-compiler-cache", action="store_true", help="compile without ccache (benchmarks)")
     parser.set_defaults(func=build_command)
 
 
@@ -23,7 +24,8 @@ def build_command(args) -> int:
     from ..build import build_cell
 
     result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
-                        publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat)
+                        publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
+                        compiler_cache=not args.no_compiler_cache)
     if result.wheel:
         print(f"wheel:      {result.wheel}")
     if result.record:
