@@ -179,6 +179,7 @@ class Buildability:
         self.contexts = contexts
         self._toolkit: dict[str, str | None] = {}
         self._index: dict[str, str | None] = {}
+        self._python: dict[str, str | None] = {}
 
     def why_not(self, cell, recipe) -> str | None:
         from .build import host_arch
@@ -195,7 +196,29 @@ class Buildability:
         tk = self.toolkit(cell.cuda)
         if tk:
             return tk
+        py = self.python(cell)
+        if py:
+            return py
         return self.torch(cell)
+
+    def python(self, cell) -> str | None:
+        """The cell's Python must exist where the steps run (the image's own or a mounted pyenv prefix)."""
+        arch = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+        key = f"{arch}-{cell.python}"
+        if key not in self._python:
+            found = True
+            if self.runner == "host":
+                from .runners.host import HostRunner
+
+                try:
+                    HostRunner(arch=arch).python(cell.python)
+                except FarmError:
+                    found = False
+            else:
+                image = self.contexts.image(arch)
+                found = image is None or image.python(cell.python) is not None   # no image yet: it will say
+            self._python[key] = None if found else f"Python {cell.python}: not on this host or in its image"
+        return self._python[key]
 
     def toolkit(self, cuda: str) -> str | None:
         if cuda not in self._toolkit:
