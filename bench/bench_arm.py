@@ -6,7 +6,9 @@ in the x86_64 image. The x86 time is read from a build record written during thi
 same bench run (build/<cell>/build.json, newer than this process) when there is one,
 else that cell is built here too. Both builds use the container runner with warm
 caches (torch environments, toolkits), so the ratios are about compiling, not
-downloading. Figures: the compile step, and the whole build.
+downloading, and no compiler cache (`--no-compiler-cache`; a record from the run
+counts only when ccache served none of its files). Figures: the compile step, and
+the whole build.
 
 Needs an x86_64 host with an engine, qemu-aarch64 registered and the aarch64 image
 (`make test-arm` or `farm images setup-qemu && farm images build --arch aarch64`);
@@ -49,13 +51,17 @@ def _record_from_this_run(cell: str, since: float) -> dict | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return record if record.get("runner") == "container" and record.get("steps", {}).get("compile") else None
+    if record.get("runner") != "container" or not record.get("steps", {}).get("compile"):
+        return None
+    cache = record.get("compiler_cache") or {}
+    hits = (cache.get("stats") or {}).get("hits", 0)
+    return record if not cache.get("enabled") or not hits else None
 
 
 def _build(cell: str, out: Path) -> dict:
-    """`farm build <cell>` (container runner, forced, not published); its build record."""
+    """`farm build <cell>` (container runner, forced, cold: no compiler cache, not published); its record."""
     cmd = [sys.executable, "-m", "farm", "build", cell, "--runner", "container", "--force", "--no-publish",
-           "--out", str(out)]
+           "--no-compiler-cache", "--out", str(out)]
     p = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[2:])} failed: {(p.stderr or p.stdout).strip()[-500:]}")
