@@ -8,7 +8,8 @@ on the entry's lock file (`.<name>.lock` next to it) for as long as they use
 it; eviction takes the exclusive lock without waiting, so an entry in use is
 never removed. The lock file's mtime is the entry's last use (LRU order).
 
-Budget: FARM_CACHE_BUDGET_GB (default 80; 0 = unlimited).
+Budget: FARM_CACHE_BUDGET_GB (default 80; 0 = unlimited), and never more than leaves
+FARM_CACHE_RESERVE_GB (default 10) of the disk free: a torch environment is ~4.7 GB.
 """
 
 from __future__ import annotations
@@ -235,11 +236,15 @@ def usage(root: Path | None = None) -> list[Usage]:
 def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) -> list[Path]:
     """Evict least recently used entries until the caches fit the budget; return what went."""
     root = root or cache_dir()
-    budget = budget_bytes() if budget == -1 else budget
+    configured = budget == -1
+    budget = budget_bytes() if configured else budget
     if budget is None:
         return []
     entries = usage(root)
     total = sum(u.size for u in entries)
+    if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
+        reserve = int(float(os.environ.get("FARM_CACHE_RESERVE_GB", "10")) * 1024**3)
+        budget = min(budget, total + shutil.disk_usage(root).free - reserve)
     removed: list[Path] = []
     if total <= budget:
         return removed
