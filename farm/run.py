@@ -634,7 +634,8 @@ class Scheduler:
     # -- memory sampling (host runner: the child's whole process tree)
     def _sample(self) -> None:
         now = time.monotonic()
-        if now - self._last_sample < 2.0 or not self.running:
+        # A container's processes are not the child's descendants (the engine starts them): no tree to sum.
+        if now - self._last_sample < 2.0 or not self.running or self.sel.runner != "host":
             return
         self._last_sample = now
         table = _proc_table()
