@@ -18,7 +18,8 @@ def register(sub) -> None:
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
     parser.add_argument("--wheelhouse", type=Path, help="default: $FARM_WHEELHOUSE, else ./wheelhouse")
     parser.add_argument("--build-dir", type=Path, help="per-cell build folders (default: the project's build/)")
-    parser.add_argument("--arm-jobs", type=int, default=1, help="emulated aarch64 cells at once (default 1)")
+    parser.add_argument("--arm-jobs", type=int, default=None,
+                        help="emulated aarch64 cells at once (default: FARM_EMULATED_JOBS, else 1)")
     parser.add_argument("--no-compiler-cache", action="store_true", help="build without ccache (recorded)")
     parser.add_argument("--dry-run", action="store_true", help="plan and list what would be built")
     parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
@@ -26,6 +27,7 @@ def register(sub) -> None:
 
 
 def run_command(args) -> int:
+    from ..emulation import emulated_concurrency
     from ..plan import parse_shard
     from ..run import RunOptions, run_farm
 
@@ -37,7 +39,8 @@ def run_command(args) -> int:
         raise BadInput("command line", "--mem-budget", args.mem_budget, "must be a positive number of GB")
     options = RunOptions(filters=filters_of(args), shard=parse_shard(args.shard) if args.shard else None,
                          jobs=args.jobs, mem_budget_gb=args.mem_budget, runner=args.runner,
-                         wheelhouse=args.wheelhouse, build_dir=args.build_dir, arm_jobs=args.arm_jobs,
+                         wheelhouse=args.wheelhouse, build_dir=args.build_dir,
+                         arm_jobs=args.arm_jobs if args.arm_jobs is not None else emulated_concurrency(),
                          compiler_cache=not args.no_compiler_cache, dry_run=args.dry_run,
                          plain=True if args.plain else None)
     return run_farm(options).exit_code
