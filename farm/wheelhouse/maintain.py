@@ -50,7 +50,8 @@ def built_keys(wheelhouse=None) -> set[str]:
     return {e.build_key for e in house.entries if e.build_key and e.file not in house.yanked}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -74,7 +75,7 @@ def verify(wheelhouse) -> list[str]:
         if not path.is_file():
             problems.append(f"{path.relative_to(root)}: in the manifest but missing")
             continue
-        got = hashes[path.resolve()] = _sha256(path)
+        got = hashes[path.resolve()] = file_sha256(path)
         if got != e.sha256:
             problems.append(f"{path.relative_to(root)}: sha256 {got} but the manifest says {e.sha256}")
         if path.stat().st_size != e.size:
@@ -120,7 +121,7 @@ def check_links(root: Path, hashes: dict[Path, str] | None = None) -> list[str]:
             if fragment.startswith("sha256="):
                 key = target.resolve()
                 if key not in hashes:
-                    hashes[key] = _sha256(target)
+                    hashes[key] = file_sha256(target)
                 if hashes[key] != fragment[7:]:
                     problems.append(f"{page.relative_to(root)}: {target.name} does not have the advertised sha256")
     return problems

@@ -11,13 +11,13 @@ a name already published with other bytes is refused (PublishConflict), never ov
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
 from ..paths import display
 from .index import FILES
+from .maintain import file_sha256
 from .manifest import read_journal
 from .publish import publish
 
@@ -28,13 +28,6 @@ class MergeResult:
     already: list[str] = field(default_factory=list)     # same bytes were already there
     stagings: int = 0
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def staged(staging: Path) -> tuple[list[Path], list[dict]]:
@@ -47,7 +40,7 @@ def staged(staging: Path) -> tuple[list[Path], list[dict]]:
         path = staging / FILES / e.project / e.file
         if not path.is_file():
             raise BadInput(display(staging), "manifest.jsonl", e.file, "listed but the wheel file is missing")
-        if _sha256(path) != e.sha256:
+        if file_sha256(path) != e.sha256:
             raise BadInput(display(path), "sha256", e.sha256[:12], "the staged wheel does not match its manifest")
         record = {**e.extra, "wheel": e.file, "cell": e.cell, "pythons": list(e.pythons), "built_on": e.host}
         if e.build_key:
