@@ -438,9 +438,9 @@ def remove_pages(root: Path, keys: Iterable[str], kinds: dict[str, str]) -> None
             pass
 
 
-def update(root: Path, before: Site | None, after: Site, force_files: set[str] = frozenset(),
-           projects: Iterable[str] | None = None, fragment_of=None) -> list[str]:
-    """Regenerate only the pages whose listing changed (plus those listing `force_files`); returns their keys.
+def update(root: Path, before: Site | None, after: Site, projects: Iterable[str] | None = None,
+           fragment_of=None) -> list[str]:
+    """Regenerate only the pages whose listing changed; returns their keys.
 
     `before` and `after` cover the same projects (all of them, or the ones a
     publish touched, with every root page). `projects`: every project in the
@@ -451,16 +451,6 @@ def update(root: Path, before: Site | None, after: Site, force_files: set[str] =
     old = before.signatures() if before else {}
     new = after.signatures()
     changed = {k for k, s in new.items() if old.get(k) != s}
-    if force_files:
-        for key, kind in after.kind.items():
-            if kind == "project" and any(e.file in force_files for e in after.listing[key]):
-                changed.add(key)
-            elif kind == "compat" and any(e.file in force_files for _, e in after.listing[key]):
-                changed.add(key)
-        for e in after.house.entries:  # and the roots above them: a crash may have cut those too
-            if e.file in force_files:
-                roots = [SIMPLE, COMPAT] + [channel_root(c, t) for c, t in after.house.channels_of(e)]
-                changed.update(k for k in roots if k in after.kind)
     fresh = after.fragments()
     if projects is None:
         projects = sorted(fresh)

@@ -8,7 +8,7 @@ Order of writes, each one leaving an index whose every link resolves:
    atomically, the wheel renamed into place, the folder fsynced, the journal record appended and fsynced;
 4. still under the lock, only the pages whose listing changed are regenerated from the journal.
 A crash before 3 leaves temporaries nothing links; between 3 and 4 the pages are stale but complete, and
-publishing the same wheel again (a no-op on the journal) rewrites its pages.
+publishing the same wheel again (a no-op on the journal) regenerates every page its arrival changes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
 from .index import FILES, Config, House, Site, channel_lines, update
-from .manifest import JournalIndex, ManifestEntry, PublishConflict, append_records, fsync_dir, locked, step
+from .manifest import JournalIndex, ManifestEntry, PublishConflict, Summary, append_records, fsync_dir, locked, step
 from .names import WheelName, normalize, parse_wheel_name, served_pythons
 
 CHUNK = 1 << 20
@@ -212,8 +212,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             idx = JournalIndex.load(root)
             config = Config.load(root)
             projects = {p.name.project for p in prepared}
-            before_entries = {project: idx.entries(project) for project in projects}
-            live = {e.file: e for es in before_entries.values() for e in es}
+            live = {e.file: e for project in projects for e in idx.entries(project)}
             fresh, repeat = [], []
             for p in prepared:
                 old = live.get(p.name.file)
@@ -230,7 +229,14 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
                 if not (folder / old.file).exists() or not (folder / f"{old.file}.metadata").exists():
                     _place(root, p)
                 result.already.append(old)
+            # A crash may have come between an earlier journal append and its pages: diff against the
+            # house without the repeated wheels, so every page their arrival changes (a new channel's
+            # torch-free listings too) is regenerated; pages already right are skipped unwritten.
+            repeated = {old.file for _, old in repeat}
+            before_entries = {project: [e for e in idx.entries(project) if e.file not in repeated]
+                              for project in projects}
             sums_before = dict(idx.summaries)
+            sums_before.update({project: Summary.of(es) for project, es in before_entries.items()})
             lines_before = channel_lines(sums_before.values(), config)
             now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             host = socket.gethostname()
@@ -253,8 +259,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             def fragment_of(project: str) -> bytes:
                 return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
 
-            result.pages = update(root, before, after, {e.file for e in result.already},
-                                  projects=idx.projects(), fragment_of=fragment_of)
+            result.pages = update(root, before, after, projects=idx.projects(), fragment_of=fragment_of)
             idx.save()
             step("pages written")
     finally:
