@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -287,41 +287,49 @@ def label_wheel(
         # RECORD and its signatures are regenerated (signatures cannot survive a rewrite).
         dropped = {f"{old_di}/RECORD", f"{old_di}/RECORD.jws", f"{old_di}/RECORD.p7s", f"{old_di}/{BUILD_INFO_NAME}"}
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{new_name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            records: list[tuple[str, str, str]] = []
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
-                def put(info: zipfile.ZipInfo | None, name: str, data: bytes) -> None:
-                    zi = zipfile.ZipInfo(name, date_time=info.date_time if info else (1980, 1, 1, 0, 0, 0))
-                    zi.external_attr = info.external_attr if info else (0o644 << 16)
-                    zi.compress_type = zipfile.ZIP_DEFLATED
-                    zout.writestr(zi, data)
-                    records.append((name, record_hash(data), str(len(data))))
+        # Payload first, the .dist-info last (RECORD at the very end), as installers expect.
+        ordered = sorted(
+            (i for i in infos if not i.is_dir() and i.filename not in dropped),
+            key=lambda i: i.filename.startswith(f"{old_di}/"),
+        )
 
-                # Payload first, the .dist-info last (RECORD at the very end), as installers expect.
-                ordered = sorted(
-                    (i for i in infos if not i.is_dir() and i.filename not in dropped),
-                    key=lambda i: i.filename.startswith(f"{old_di}/"),
-                )
-                for info in ordered:
-                    data = replaced.get(info.filename)
-                    put(info, renamed(info.filename), zin.read(info) if data is None else data)
-                if build_info is not None:
-                    text = json.dumps(dict(build_info), indent=2, sort_keys=True, default=str) + "\n"
-                    put(None, f"{new_di}/{BUILD_INFO_NAME}", text.encode("utf-8"))
-                record_name = f"{new_di}/RECORD"
-                records.append((record_name, "", ""))
-                zi = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
-                zi.external_attr = 0o644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                zout.writestr(zi, _record_text(records))
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        def members():
+            for info in ordered:
+                data = replaced.get(info.filename)
+                yield info, renamed(info.filename), zin.read(info) if data is None else data
+            if build_info is not None:
+                text = json.dumps(dict(build_info), indent=2, sort_keys=True, default=str) + "\n"
+                yield None, f"{new_di}/{BUILD_INFO_NAME}", text.encode("utf-8")
+
+        write_wheel(target, members(), new_di)
     return target
+
+
+def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, str, bytes]], dist_info: str) -> None:
+    """Write a wheel atomically (temporary name, then rename): `members` in their order, each
+    (original ZipInfo or None, name, bytes), then `<dist_info>/RECORD` with fresh hashes."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        records: list[tuple[str, str, str]] = []
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+            for info, name, data in members:
+                zi = zipfile.ZipInfo(name, date_time=info.date_time if info else (1980, 1, 1, 0, 0, 0))
+                zi.external_attr = info.external_attr if info else (0o644 << 16)
+                zi.compress_type = zipfile.ZIP_DEFLATED
+                zout.writestr(zi, data)
+                records.append((name, record_hash(data), str(len(data))))
+            record_name = f"{dist_info}/RECORD"
+            records.append((record_name, "", ""))
+            zi = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
+            zi.external_attr = 0o644 << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zout.writestr(zi, _record_text(records))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _record_text(rows: Sequence[tuple[str, str, str]]) -> str:

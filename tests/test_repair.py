@@ -4,6 +4,10 @@ torch is the environment step's business and too heavy for these tests)."""
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import subprocess
 import zipfile
 from pathlib import Path
@@ -12,7 +16,7 @@ import pytest
 from wheel_builder import build_shared_lib, pack_ext_wheel
 
 from farm.errors import BadInput
-from farm.repair import RepairError, exclusions, host_plat, plat_glibc, repair_wheel, torch_env_sonames
+from farm.repair import RepairError, drop_build_rpaths, exclusions, host_plat, plat_glibc, repair_wheel, torch_env_sonames
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,13 @@ def test_libraries_of_the_torch_environment_stay_out_even_when_findable(env, tmp
     wheel = pack_ext_wheel(tmp_path, link=[(env["torch_lib"], "c10", True), (env["nv_lib"], "cublas", True)])
     res = repair_wheel(wheel, tmp_path / "out", torch_site_packages=[env["sp"]])
     assert res.repaired and res.grafted == () and libs_folder(res.wheel) == []
-    needed, _ = needed_and_rpath(res.wheel, tmp_path / "x")
+    needed, rpath = needed_and_rpath(res.wheel, tmp_path / "x")
     assert "libc10.so" in needed and "libcublas.so.13" in needed
+    # the build machine's folders do not travel with the wheel; RECORD still matches every member
+    assert rpath == "" and sorted(res.record()["dropped_rpaths"]) == [
+        n for n in zipfile.ZipFile(res.wheel).namelist() if n.startswith("demo/_ext")]
+    assert set(next(iter(res.dropped_rpaths.values()))) == {str(env["torch_lib"]), str(env["nv_lib"])}
+    assert record_mismatches(res.wheel) == []
     assert res.wheel.parent == tmp_path / "out" and res.wheel.name.endswith(f"{res.plat}.whl")
 
     # the control: without the environment's exclusions, auditwheel grafts libc10 and the check refuses
@@ -86,7 +95,30 @@ def test_an_outside_library_is_grafted_and_then_refused_unless_allowed(env, tmp_
     grafted = libs_folder(res.wheel)
     assert len(grafted) == 1 and grafted[0].startswith("demo_ext.libs/liboutside-")
     needed, rpath = needed_and_rpath(res.wheel, tmp_path / "x")
-    assert "libc10.so" in needed and rpath.startswith("$ORIGIN")
+    assert "libc10.so" in needed and all(e.startswith("$ORIGIN") for e in rpath.split(":")), rpath
+    assert record_mismatches(res.wheel) == []
+
+
+def record_mismatches(wheel: Path) -> list[str]:
+    """Members whose RECORD hash or size is wrong, or missing from RECORD."""
+    with zipfile.ZipFile(wheel) as z:
+        (record,) = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
+        rows = {r[0]: r[1:] for r in csv.reader(io.StringIO(z.read(record).decode()))}
+        bad = []
+        for name in z.namelist():
+            if name == record or name.endswith("/"):
+                continue
+            data = z.read(name)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            if rows.get(name) != [f"sha256={digest}", str(len(data))]:
+                bad.append(name)
+        return bad
+
+
+def test_a_wheel_whose_rpaths_are_all_relative_is_left_byte_identical(tmp_path):
+    wheel = pack_ext_wheel(tmp_path)
+    before = wheel.read_bytes()
+    assert drop_build_rpaths(wheel) == {} and wheel.read_bytes() == before
 
 
 PTHREAD = """
