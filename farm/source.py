@@ -21,6 +21,7 @@ strings), not a Recipe, so any caller can use them.
 from __future__ import annotations
 
 import hashlib
+import html
 import os
 import posixpath
 import re
@@ -34,9 +35,12 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from urllib.parse import urljoin
 
 import requests
 from filelock import FileLock
+from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.version import InvalidVersion, Version
 
 from .errors import BadInput, FarmError
 from .paths import PROJECT_ROOT, cache_dir, display, recipes_dir
@@ -392,28 +396,41 @@ def pypi_index() -> str:
 
 
 def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:
-    """'name==version' -> the URL of that release's sdist, via PyPI's JSON API."""
+    """'name==version' -> the URL of that release's sdist, from PyPI's simple index (PEP 691 JSON,
+    or PEP 503 HTML when a plain mirror answers): the interface every PyPI mirror and proxy serves."""
     m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*", str(requirement))
     if not m:
         raise BadInput(where, "source.sdist.pypi", requirement, "expected name==version")
     name, version = m.groups()
-    api = f"{pypi_index()}/pypi/{name}/{version}/json"
+    page = f"{pypi_index()}/simple/{canonicalize_name(name)}/"
     try:
-        resp = requests.get(api, timeout=_HTTP_TIMEOUT)
+        resp = requests.get(page, timeout=_HTTP_TIMEOUT,
+                            headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
     except requests.RequestException as exc:
-        raise SourceError(f"cannot reach {api}: {type(exc).__name__}") from None
+        raise SourceError(f"cannot reach {page}: {type(exc).__name__}") from None
     if resp.status_code == 404:
-        raise BadInput(where, "source.sdist.pypi", requirement, "no such release on PyPI")
+        raise BadInput(where, "source.sdist.pypi", requirement, "no such project on PyPI")
     if resp.status_code != 200:
-        raise SourceError(f"{api}: HTTP {resp.status_code}")
-    try:
-        files = [f for f in resp.json().get("urls", []) if f.get("packagetype") == "sdist"]
-    except ValueError:
-        raise SourceError(f"{api}: not JSON") from None
-    if not files:
-        raise BadInput(where, "source.sdist.pypi", requirement, "this release has no sdist on PyPI")
-    files.sort(key=lambda f: not f["filename"].endswith(".tar.gz"))
-    return files[0]["url"]
+        raise SourceError(f"{page}: HTTP {resp.status_code}")
+    if "json" in resp.headers.get("Content-Type", ""):
+        try:
+            links = [(f["filename"], f["url"]) for f in resp.json()["files"]]
+        except (ValueError, KeyError, TypeError):
+            raise SourceError(f"{page}: not a PEP 691 project page") from None
+    else:
+        links = [(html.unescape(text).strip(), html.unescape(href))
+                 for href, text in re.findall(r'<a\s[^>]*href="([^"]*)"[^>]*>([^<]*)</a>', resp.text)]
+    sdists = []
+    for filename, url in links:
+        try:
+            _, file_version = parse_sdist_filename(filename)
+        except (InvalidSdistFilename, InvalidVersion):
+            continue
+        if file_version == Version(version):
+            sdists.append((not filename.endswith(".tar.gz"), urljoin(resp.url, url.split("#", 1)[0])))
+    if not sdists:
+        raise BadInput(where, "source.sdist.pypi", requirement, "no such release with an sdist on PyPI")
+    return min(sdists)[1]
 
 
 def _download(url: str, dest: Path, sha256: str, where: str, key: str) -> Path:

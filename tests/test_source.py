@@ -218,23 +218,26 @@ def test_sdist_by_url_is_checked_and_extracted_without_its_top_folder(served, tm
     assert (tmp_path / "work2/setup.py").exists()
 
 
-def test_sdist_by_pypi_name_is_resolved_through_the_json_api(served, tmp_path, monkeypatch):
+def test_sdist_by_pypi_name_is_resolved_through_the_simple_index(served, tmp_path, monkeypatch):
     root, base = served
     (root / "files").mkdir()
     sha = make_tar(root / "files/demo-1.0.tar.gz", GOOD)
-    api = root / "pypi/demo/1.0"
-    api.mkdir(parents=True)
-    (api / "json").write_text(json.dumps({"urls": [
-        {"packagetype": "bdist_wheel", "filename": "demo-1.0-py3-none-any.whl", "url": f"{base}/nope.whl"},
-        {"packagetype": "sdist", "filename": "demo-1.0.tar.gz", "url": f"{base}/files/demo-1.0.tar.gz"},
-    ]}))
+    page = root / "simple/demo"
+    page.mkdir(parents=True)
+    # a plain mirror: PEP 503 HTML, relative hrefs with fragments, a wheel and another release beside it
+    (page / "index.html").write_text(
+        '<html><body><a href="../../files/demo-1.0-py3-none-any.whl#sha256=00">demo-1.0-py3-none-any.whl</a>\n'
+        '<a href="../../files/demo-0.9.tar.gz#sha256=11">demo-0.9.tar.gz</a>\n'
+        f'<a href="../../files/demo-1.0.tar.gz#sha256={sha}" data-requires-python="&gt;=3.8">demo-1.0.tar.gz</a>\n'
+        '</body></html>\n')
     monkeypatch.setenv("FARM_PYPI_URL", base)
-    res = prep({"sdist": {"pypi": "demo==1.0", "sha256": sha}}, tmp_path / "work")
+    res = prep({"sdist": {"pypi": "Demo==1.0", "sha256": sha}}, tmp_path / "work")
     assert res.sha256 == sha and (tmp_path / "work/setup.py").exists()
-    with pytest.raises(BadInput, match="no such release"):
+    with pytest.raises(BadInput, match="no such release") as exc:
         prep({"sdist": {"pypi": "demo==2.0", "sha256": "ef" * 32}}, tmp_path / "w2")
+    assert "source.sdist.pypi" in str(exc.value) and "\n" not in str(exc.value)
     # cached by the pin (sha256): once fetched, PyPI is not asked again
-    shutil.rmtree(root / "pypi")
+    shutil.rmtree(root / "simple")
     prep({"sdist": {"pypi": "demo==1.0", "sha256": sha}}, tmp_path / "w3")
 
 
