@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, paths
-from .buildkey import BuildContext, KeyMaker
+from .buildkey import KeyMaker, context_for
 from .errors import FarmError
 from .plan import find_cell, full_plan
 from .recipes import Recipe
@@ -107,8 +107,10 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         from .images import check_plat
 
         plat = check_plat(image, plat)   # refused before any work when the image cannot honestly give it
-    context = BuildContext(runner.kind, image.key if image else "host",
-                           f"{(image.plat if image else 'host')}")
+    context = context_for(cell.platform, runner.kind, plat)
+    if image is not None and image.key != context.image:
+        raise FarmError(f"{cell.id}: the runner's image {image.ref} has key {image.key}, the build key expects "
+                        f"{context.image}; rebuild the image (farm images build)")
     key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
 
     house = Path(wheelhouse or paths.wheelhouse_dir())

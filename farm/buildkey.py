@@ -27,22 +27,28 @@ class BuildContext:
     """Where a wheel is built, as far as it changes the bytes."""
 
     runner: str         # container | host | windows
-    image: str          # builder image recipe id (carries the host compiler), or 'host'
-    plat_tag: str       # the wheel's platform tag, decided by the image's glibc
+    image: str          # builder image key (farm.images.builder_key: carries the compiler), or 'host'
+    plat_tag: str       # a requested platform tag (--plat); "" for the image's own
 
     def as_dict(self) -> dict:
         return {"runner": self.runner, "image": self.image, "plat_tag": self.plat_tag}
 
 
-def default_context(platform: str) -> BuildContext:
-    """The context `farm plan --missing` assumes; `farm build` keys with the context it really used."""
+def context_for(platform: str, runner: str, plat: str | None = None) -> BuildContext:
+    """The context `farm build` keys a cell with on `runner`, from declared inputs only.
+
+    Nothing is built or probed, so a fresh machine (a CI plan job without images) keys cells exactly
+    as the build that made them: a container's builder key hashes everything the image and its
+    recorded platform tag come from, so only an explicit `--plat` request enters the key.
+    """
     if platform == "windows":
         return BuildContext("windows", "msvc", "win_amd64")
-    runner = os.environ.get("FARM_RUNNER", "container")
+    if runner == "host":
+        return BuildContext("host", "host", plat or "")
+    from .images import base_ref, builder_key
+
     arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
-    image = os.environ.get("FARM_IMAGE_ID", "debian-bookworm")
-    plat = os.environ.get("FARM_PLAT_TAG", "manylinux_2_34")
-    return BuildContext(runner, image if runner == "container" else "host", f"{plat}_{arch}")
+    return BuildContext("container", builder_key(arch, base_ref(arch)), plat or "")
 
 
 def digest(data) -> str:
@@ -92,7 +98,7 @@ class KeyMaker:
         return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else f"missing:{file}"
 
     def key(self, cell: Cell, context: BuildContext | None = None) -> str:
-        context = context or default_context(cell.platform)
+        context = context or context_for(cell.platform, "container")
         return digest({
             "recipe": self.recipe_digest(cell.recipe_name),
             "arch": cell.arch.arch_list.torch(),

@@ -333,7 +333,6 @@ def missing_outputs(plan, cells: list[Cell], group: int, layout: str, wheelhouse
     contexts = Contexts(resolve_runner(None))   # keyed as `farm build` on this host would key them
 
     def missing(cell_id: str) -> bool:
-        context = contexts.for_platform(by_id[cell_id].platform)
-        return context is None or keys.key(by_id[cell_id], context) not in done
+        return keys.key(by_id[cell_id], contexts.for_platform(by_id[cell_id].platform)) not in done
 
     return [output_line(ch.name, [i for i in ch.cells if missing(i)]) for ch in groups[group - 1]]

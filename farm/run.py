@@ -141,7 +141,7 @@ class Contexts:
 
     def __init__(self, runner: str):
         self.runner = runner
-        self._by_arch: dict[str, object] = {}
+        self._by_platform: dict[str, object] = {}
         self._images: dict[str, object] = {}
 
     def image(self, arch: str):
@@ -154,19 +154,11 @@ class Contexts:
         return self._images[arch]
 
     def for_platform(self, platform: str):
-        from .buildkey import BuildContext, default_context
+        from .buildkey import context_for
 
-        if platform == "windows":
-            return default_context(platform)
-        arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
-        if arch not in self._by_arch:
-            if self.runner == "host":
-                self._by_arch[arch] = BuildContext("host", "host", "host")
-            else:
-                image = self.image(arch)
-                # No image yet: `farm build` will make one first; nothing built can match meanwhile.
-                self._by_arch[arch] = BuildContext("container", image.key, image.plat) if image else None
-        return self._by_arch[arch]
+        if platform not in self._by_platform:
+            self._by_platform[platform] = context_for(platform, self.runner)
+        return self._by_platform[platform]
 
 
 # ---------------------------------------------------------------- what this host cannot build
@@ -284,9 +276,8 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
     by_coords = {(c.recipe_name, c.cuda, c.torch if c.links_torch else None, c.python, c.platform): c
                  for c in plan.cells}
 
-    def key_of(cell) -> str | None:
-        context = contexts.for_platform(cell.platform)
-        return keys.key(cell, context) if context is not None else None
+    def key_of(cell) -> str:
+        return keys.key(cell, contexts.for_platform(cell.platform))
 
     chosen = in_shard(plan.select(options.filters), options.shard)
     todo: dict[str, CellRun] = {}
@@ -300,7 +291,7 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
             return states[cell.id]
         states[cell.id] = ("unbuildable", "build_requires_farm loop", None)   # guards a cycle
         key = key_of(cell)
-        if key is not None and key in done:
+        if key in done:
             states[cell.id] = ("done", None, key)
             return states[cell.id]
         recipe = plan.recipes[cell.recipe_name]

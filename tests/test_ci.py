@@ -273,3 +273,7 @@ def test_every_job_run_locally_fills_staging_folders_that_merge_into_one_index(t
     # the plan job of the next run sees both cells as built (the --missing rule on the merged manifest)
     again = plan_outputs(wf, house, env=env)
     assert all(json.loads(v) == [] for v in again.values())
+    # and so does a fresh runner that has never built or loaded an image (an empty farm cache)
+    fresh = plan_outputs(wf, house, env={**env, "FARM_CACHE": str(tmp_path / "fresh-runner-cache")})
+    assert all(json.loads(v) == [] for v in fresh.values())
+    assert not (tmp_path / "fresh-runner-cache" / "images").exists()
