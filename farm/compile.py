@@ -1,10 +1,12 @@
-"""The compile step (SPEC 8.1 step 4): one `pip wheel` with an environment that says everything.
+"""The compile step (SPEC 8.1 step 4): one PEP 517 `build_wheel` with an environment that says everything.
 
 `compile_environment()` builds the whole variable set from the cell's resolved
 arch list, toolkit and torch environment, starting from a small allow-list of
 the caller's variables (never the machine's PIP_* configuration).
-`compile_wheel()` runs `python -m pip wheel . --no-build-isolation --no-deps`
-with it and returns the one wheel it made.
+`compile_wheel()` calls the source's build backend in the torch environment with
+it (what `pip wheel . --no-build-isolation --no-deps` does, minus pip's separate
+metadata hook: that hook runs setup.py, and so imports torch, a second time) and
+returns the one wheel it made.
 """
 
 from __future__ import annotations
@@ -111,10 +113,39 @@ def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None
     return {k: v for k, v in env.items() if v != ""}
 
 
+# A PEP 517 frontend run by the torch environment's Python in the source folder: the backend pip
+# would choose (pyproject.toml's, else setuptools' legacy one), its build_wheel hook only, in a
+# subprocess of its own (pyproject_hooks, as pip does it; pip vendors it, and tomli before 3.11).
+PEP517_BUILD = r"""
+import os, subprocess, sys
+try:
+    from pyproject_hooks import BuildBackendHookCaller
+except ImportError:
+    from pip._vendor.pyproject_hooks import BuildBackendHookCaller
+try:
+    import tomllib
+except ImportError:
+    from pip._vendor import tomli as tomllib
+system = {}
+if os.path.exists("pyproject.toml"):
+    with open("pyproject.toml", "rb") as fh:
+        system = tomllib.load(fh).get("build-system", {})
+backend = system.get("build-backend", "setuptools.build_meta:__legacy__")
+print(f"farm: PEP 517 build_wheel of {backend}", flush=True)
+hooks = BuildBackendHookCaller(os.getcwd(), backend, backend_path=system.get("backend-path"),
+                               python_executable=sys.executable)
+try:
+    print("farm: built " + hooks.build_wheel(sys.argv[1]), flush=True)
+except subprocess.CalledProcessError as exc:   # the backend printed its own error above
+    sys.exit(f"farm: the backend's build_wheel exited {exc.returncode}")
+"""
+
+
 def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: Mapping[str, str],
                   out_dir: Path | str, log: Path | str, *, argv_prefix: Sequence[str] = (),
                   timeout: float | None = None) -> Path:
-    """`python -m pip wheel . --no-build-isolation --no-deps` in `source_dir`; return the wheel in `out_dir`.
+    """The build backend's `build_wheel` in `source_dir`, run by `env_python` (no build isolation, no
+    dependencies installed: the torch environment is the build environment); the wheel in `out_dir`.
 
     Output (stdout and stderr) goes to `log`. argv_prefix wraps the command (e.g. a network
     namespace: ['unshare', '--net', '--map-root-user']). Exactly one wheel must come out.
@@ -123,11 +154,11 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     out_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".farm-wheel-", dir=out_dir) as tmp:
-        cmd = [*argv_prefix, str(env_python), "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps",
-               "--no-cache-dir", "-v", "-w", tmp]
+        cmd = [*argv_prefix, str(env_python), "-c", PEP517_BUILD, tmp]
         t0 = time.monotonic()
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"$ cd {source_dir} && {' '.join(shlex.quote(c) for c in cmd)}\n")
+            shown = [c if c != PEP517_BUILD else "<farm.compile.PEP517_BUILD>" for c in cmd]
+            fh.write(f"$ cd {source_dir} && {' '.join(shlex.quote(c) for c in shown)}\n")
             for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "MAX_JOBS", "NVCC_APPEND_FLAGS", "CPATH", "LIBRARY_PATH"):
                 fh.write(f"#   {k}={compile_env.get(k, '')}\n")
             fh.flush()
@@ -142,7 +173,7 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
             raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_last_error(log)} (log: {log})")
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
-            raise CompileFailed(f"pip wheel made {len(wheels)} wheels in {source_dir}, expected 1 (log: {log})")
+            raise CompileFailed(f"build_wheel made {len(wheels)} wheels in {source_dir}, expected 1 (log: {log})")
         final = out_dir / wheels[0].name
         if final.exists():
             final.unlink()
