@@ -57,7 +57,7 @@ class RunError(FarmError):
 class RunOptions:
     filters: Filters = field(default_factory=Filters)
     shard: tuple[int, int] | None = None
-    jobs: int | None = None              # cells at once (default: one per two CPUs)
+    jobs: int | None = None              # cells at once (default: one per CPU)
     mem_budget_gb: float | None = None   # default: MemAvailable at start
     runner: str | None = None            # container | host | None (container when an engine answers)
     wheelhouse: Path | None = None
@@ -94,6 +94,7 @@ class CellRun:
     peak_process_mb: int | None = None    # the largest single process of the build (one compile job)
     peak_tree_mb: int | None = None       # sampled sum over the child's process tree (host runner)
     compiler_cache: dict | None = None
+    siblings: str = ""                    # cells of one recipe, CUDA, torch and platform: they share objects
 
     def public(self) -> dict:
         d = asdict(self)
@@ -316,7 +317,8 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
                                 pulled_in=cell.id not in chosen_ids,
                                 expected_fail=matches_expected_fail(recipe, cell.id),
                                 max_jobs_recipe=recipe.parallelism(plan.defaults)[0],
-                                peak_gb=recipe.peak_gb(plan.defaults))
+                                peak_gb=recipe.peak_gb(plan.defaults),
+                                siblings=f"{cell.recipe_name}/{cell.cuda}/{cell.torch}/{cell.platform}")
         states[cell.id] = ("todo", None, key)
         return states[cell.id]
 
@@ -350,7 +352,9 @@ def mem_available_gb() -> float:
 
 
 def default_jobs() -> int:
-    return max(1, (os.cpu_count() or 2) // 2)
+    """One cell per CPU: memory admission bounds what runs at once, and cells that follow a sibling
+    (another Python of the same build) mostly hit the compiler cache and compile one file at a time."""
+    return max(1, os.cpu_count() or 2)
 
 
 def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool) -> tuple[int | None, str | None]:
@@ -481,6 +485,10 @@ class Scheduler:
         self.pending: list[CellRun] = list(sel.todo)
         self.cells = {c.id: c for c in sel.todo}
         self.running: dict[str, _Job] = {}
+        # Sibling cells (the Pythons of one build) share every object that does not see Python.h: the
+        # first of them runs alone and fills the compiler cache, the rest start when it has ended.
+        self.leading: set[str] = set()    # sibling groups whose first cell is running
+        self.led: set[str] = set()        # sibling groups whose first cell has ended
         self.interrupted = 0
         self._last_sample = 0.0
         from .build import host_arch
@@ -532,7 +540,7 @@ class Scheduler:
                 cell.message = f"not built: it needs {', '.join(failed)}, which did not build"
                 self.events("finish", cell)
                 continue
-            if deps == "wait":
+            if deps == "wait" or (cell.siblings in self.leading and self.options.compiler_cache):
                 continue
             emulated = cell.platform == "linux_aarch64" and self.host_arch != "aarch64"
             if emulated and sum(1 for j in self.running.values() if j.emulated) >= self.options.arm_jobs:
@@ -549,6 +557,8 @@ class Scheduler:
             self._start(cell, jobs, clamp, emulated)
 
     def _start(self, cell: CellRun, jobs: int, clamp: str | None, emulated: bool) -> None:
+        if cell.siblings not in self.led:
+            self.leading.add(cell.siblings)
         cell.attempts += 1
         cell.status = "running"
         cell.started = time.time()
@@ -584,6 +594,9 @@ class Scheduler:
 
     def _finish(self, job: _Job, code: int) -> None:
         cell = job.cell
+        if cell.siblings in self.leading:
+            self.leading.discard(cell.siblings)
+            self.led.add(cell.siblings)
         cell.finished = time.time()
         cell.duration = round(cell.finished - cell.started, 1)
         result = _read_json(job.result_path) or {}

@@ -12,7 +12,7 @@ from .plan import add_filters, filters_of
 def register(sub) -> None:
     parser = sub.add_parser("run", help="build what is missing, in parallel, resumably (make farm)")
     add_filters(parser)
-    parser.add_argument("--jobs", type=int, help="cells at once (default: one per two CPUs)")
+    parser.add_argument("--jobs", type=int, help="cells at once (default: one per CPU; the first Python of a build runs before its siblings)")
     parser.add_argument("--mem-budget", type=float, metavar="GB",
                         help="memory the builds may reserve, max_jobs x peak_gb_per_job each (default: MemAvailable)")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
