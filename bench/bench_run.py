@@ -7,8 +7,9 @@
    FARM_CCACHE_DIR): one Python built cold is the baseline; four Pythons (3.10-3.13) in one run with
    the cache; the per-file hit rate of the three that follow the first; a rebuild of the same cell on
    the same Python. Without a cache the four Pythons cost 4.0x by construction (four cold compiles
-   of identical work), so that figure is not spent again here.
-   The diso 0.1.4 measurement is not repeated here (its recipe needs_patch in this farm).
+   of identical work), so that figure is not spent again here. The same for the real PyPI sdist
+   diso 0.1.4 (its recipe's GitHub source swapped for that sdist: GitHub is out of reach here).
+3. The wheel_abi collapse: cells planned for the recipes whose one wheel serves every Python.
 """
 
 from __future__ import annotations
@@ -76,26 +77,22 @@ def noop_figures() -> list[Figure]:
                         f"({'met' if noop < 3 else 'NOT met'})")]
 
 
-def _run_cells(pythons, house: Path, build: Path, env: dict, extra=()) -> dict[str, dict]:
-    argv = [*FARM, "run", "--plain", "--runner", "host", "--jobs", "1", "--wheelhouse", str(house), "--build-dir",
-            str(build), "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--platform", "linux", *extra]
+def _run_cells(package: str, pythons, house: Path, build: Path, env: dict) -> tuple[dict[str, dict], float]:
+    """`farm run` (the host runner, its default --jobs) over the package's cu130/torch2.13 cells of
+    `pythons`: (the report's cells by id, the run's wall time)."""
+    argv = [*FARM, "run", "--plain", "--runner", "host", "--wheelhouse", str(house), "--build-dir",
+            str(build), "--package", package, "--cuda", "13.0", "--torch", "2.13", "--platform", "linux"]
     for py in pythons:
         argv += ["--python", py]
+    t0 = time.monotonic()
     res = _quiet(argv, env)
+    wall = time.monotonic() - t0
     report = json.loads((house / "runs" / "latest.json").read_text())
     cells = {c["id"]: c for c in report["cells"]}
-    for cell_id, c in cells.items():
-        # A cell whose compile finished counts for the timing even if a later step refused its wheel
-        # (py3.13 from pyenv: see _gate_failures); anything else is a broken benchmark.
-        steps = build / cell_id / "steps.json"
-        if c["status"] != "built" and not (steps.exists() and "compile" in json.loads(steps.read_text())):
-            raise RuntimeError(f"farm run failed: {res.stdout[-1500:]}{res.stderr[-500:]}")
-    return cells
-
-
-def _gate_failures(cells: dict) -> str:
-    bad = [f"{i.split('-')[-1]}: {c['message'][:140]}" for i, c in sorted(cells.items()) if c["status"] != "built"]
-    return ("; cells compiled but refused after the compile (time included): " + " | ".join(bad)) if bad else ""
+    bad = {i: c for i, c in cells.items() if c["status"] != "built"}
+    if bad or len(cells) != len(pythons):
+        raise RuntimeError(f"farm run did not build every cell ({sorted(bad)}): {res.stdout[-1500:]}{res.stderr[-500:]}")
+    return cells, wall
 
 
 def _compile_seconds(build: Path, cell: str) -> float:
@@ -106,54 +103,101 @@ def _files(build: Path, cell: str) -> dict:
     return json.loads((build / cell / "steps.json").read_text())["compile"]["compiler_cache"]["stats"]["files"]
 
 
-def python_axis_figures() -> list[Figure]:
+def diso_recipes(folder: Path) -> Path:
+    """The project's recipes with diso's source swapped for its PyPI sdist (GitHub is out of reach here;
+    the sdist of 0.1.4 is the same release), for the Python-axis figure of a real package."""
+    import yaml
+
+    shutil.copytree(PROJECT / "recipes", folder)
+    path = folder / "diso.yml"
+    recipe = yaml.safe_load(path.read_text())
+    recipe["source"] = {"sdist": {"pypi": f"diso=={recipe['version']}", "sha256": DISO_SDIST_SHA256}}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return folder
+
+
+DISO_SDIST_SHA256 = "2ada1c21b84f72fdcec6abc3c4e09200824a7cc9d5de9623a28052e8b1f22c95"   # diso-0.1.4.tar.gz
+
+
+def prewarm_environments() -> None:
+    """The axis measures compiles, not environment builds."""
     from farm.environments import EnvRequest, base_environment, download_environment
     from farm.runners.host import HostRunner
 
     runner = HostRunner()
-    for py in PYTHONS:   # pre-warm: the axis measures compiles, not environment builds
+    for py in PYTHONS:
         req = EnvRequest(py, "2.13.0", "13.0", "linux", "2.36")
         download_environment(req)
         base_environment(req, runner.python(py)[0], target="host")
+
+
+def python_axis_figures(package: str, env: dict | None = None) -> list[Figure]:
+    """Four Pythons vs one (each run with a cold compiler cache of its own), per-file hit rates, and a
+    rebuild of the same cell on the same Python."""
+    env = env or {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # one Python, cold cache
-        env1 = {"FARM_CCACHE_DIR": str(root / "cache-one")}
-        one = _run_cells(["3.11"], root / "h1", root / "b1", env1)
-        cell311 = "farm_demo-cu130-torch2.13-py311"
-        t_one = one[cell311]["duration"]
-        c_one = _compile_seconds(root / "b1", cell311)
+        env1 = {**env, "FARM_CCACHE_DIR": str(root / "cache-one")}
+        one_cell = f"{package}-cu130-torch2.13-py311"
+        one, wall1 = _run_cells(package, ["3.11"], root / "h1", root / "b1", env1)
+        t_one = one[one_cell]["duration"]
+        c_one = _compile_seconds(root / "b1", one_cell)
         # the same cell again on the same Python, same cache
-        again = _run_cells(["3.11"], root / "h1b", root / "b1b", env1)
-        t_again = again[cell311]["duration"]
-        c_again = _compile_seconds(root / "b1b", cell311)
+        again, _ = _run_cells(package, ["3.11"], root / "h1b", root / "b1b", env1)
+        t_again = again[one_cell]["duration"]
+        c_again = _compile_seconds(root / "b1b", one_cell)
         # four Pythons in one run, a cold cache of their own
-        env4 = {"FARM_CCACHE_DIR": str(root / "cache-four")}
-        t0 = time.monotonic()
-        four = _run_cells(PYTHONS, root / "h4", root / "b4", env4)
-        wall4 = time.monotonic() - t0
+        env4 = {**env, "FARM_CCACHE_DIR": str(root / "cache-four")}
+        four, wall4 = _run_cells(package, PYTHONS, root / "h4", root / "b4", env4)
         t_four = sum(c["duration"] for c in four.values())
+        first = min(four.values(), key=lambda c: c["started"])["id"]
         hits = total = 0
         per_file: dict[str, list[str]] = {}
-        for cell in sorted(four)[1:]:   # every Python after the first may hit the first's objects
+        for cell in sorted(set(four) - {first}):   # the Pythons after the first may hit its objects
             for f, outcome in _files(root / "b4", cell).items():
                 per_file.setdefault(Path(f).name, []).append(outcome)
                 total += 1
                 hits += outcome == "hit"
-        shutil.rmtree(root, ignore_errors=True)
     rate = hits / total if total else 0.0
     detail = "; ".join(f"{name}: {'/'.join(v)}" for name, v in sorted(per_file.items()))
     return [
-        Figure("run: farm_demo, four Pythons (3.10-3.13) vs one, with ccache", t_four, t_one, 2.7,
-               note=f"sum of cell times (wall {wall4:.0f}s); per-file hit rate after the first Python "
-                    f"{rate:.0%} ({detail}); without a cache 4.0x by construction{_gate_failures(four)}"),
-        Figure("run: farm_demo rebuild, same cell and Python, warm ccache (whole cell)", t_again, t_one, 0.10,
+        Figure(f"run: {package}, four Pythons (3.10-3.13) vs one, with ccache (wall time of the run)", wall4, wall1,
+               2.7, note=f"{os.cpu_count()} CPUs, default --jobs, first Python ({first.rsplit('-', 1)[1]}) alone "
+                         f"then its siblings; sum of cell times {t_four:.0f}s vs {t_one:.0f}s = "
+                         f"{t_four / t_one:.2f}x; per-file outcome after the first {rate:.0%} hits ({detail}); "
+                         "without a cache 4.0x by construction (four cold compiles)"),
+        Figure(f"run: {package} rebuild, same cell and Python, warm ccache (whole cell)", t_again, t_one, 0.10,
                note=f"compile step {c_again:.1f}s vs {c_one:.1f}s cold"),
     ]
 
 
+def collapse_figures() -> list[Figure]:
+    """The other cut of the Python axis: a wheel that serves every Python (abi3, py3-none, pure) is one
+    cell per row instead of one per Python. Cells of the collapsing recipes vs the same recipes per Python."""
+    import dataclasses
+
+    from farm.plan import full_plan
+
+    plan = full_plan()
+    collapsing = sorted(n for n, r in plan.recipes.items() if r.wheel_abi != "cpython")
+    if not collapsing:
+        return []
+    as_cpython = {n: dataclasses.replace(plan.recipes[n], wheel_abi="cpython") for n in collapsing}
+    expanded = full_plan(recipes=as_cpython)
+    planned = sum(1 for c in plan.cells if c.recipe_name in as_cpython)
+    return [Figure("run: cells of the abi3 / py3-none / pure recipes vs one per Python (the wheel_abi collapse)",
+                   planned, len(expanded.cells), None, unit=" cells",
+                   note=f"{', '.join(collapsing)}; a recipe that could declare abi3 would cost 1 build per row "
+                        f"on the Python axis instead of one per Python")]
+
+
 def run() -> list[Figure]:
-    figures = noop_figures()
+    figures = noop_figures() + collapse_figures()
     if os.environ.get("FARM_BENCH_SKIP_BUILDS"):
         return figures
-    return figures + python_axis_figures()
+    prewarm_environments()
+    figures += python_axis_figures("farm_demo")
+    with tempfile.TemporaryDirectory() as tmp:
+        figures += python_axis_figures("diso", {"FARM_RECIPES": str(diso_recipes(Path(tmp) / "recipes"))})
+    return figures
