@@ -22,7 +22,7 @@ test: setup
 	$(BIN)/python -m pytest -q -m "not arm" tests
 
 lint: setup
-	$(BIN)/ruff check farm tests noxfile.py
+	$(BIN)/ruff check farm tests bench noxfile.py
 
 bench: setup
 	$(BIN)/python -m bench

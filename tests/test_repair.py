@@ -16,7 +16,15 @@ import pytest
 from wheel_builder import build_shared_lib, pack_ext_wheel
 
 from farm.errors import BadInput
-from farm.repair import RepairError, drop_build_rpaths, exclusions, host_plat, plat_glibc, repair_wheel, torch_env_sonames
+from farm.repair import (
+    RepairError,
+    drop_build_rpaths,
+    exclusions,
+    host_plat,
+    plat_glibc,
+    repair_wheel,
+    torch_env_sonames,
+)
 
 
 @pytest.fixture(scope="module")

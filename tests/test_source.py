@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
-import json
 import shutil
 import subprocess
 import tarfile

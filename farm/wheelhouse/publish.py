@@ -29,7 +29,16 @@ from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
 from .index import FILES, Config, House, Site, channel_lines, update
-from .manifest import JournalIndex, ManifestEntry, PublishConflict, Summary, append_records, fsync_dir, locked, step
+from .manifest import (
+    JournalIndex,
+    ManifestEntry,
+    PublishConflict,
+    Summary,
+    append_records,
+    fsync_dir,
+    locked,
+    step,
+)
 from .names import WheelName, normalize, parse_wheel_name, served_pythons
 
 CHUNK = 1 << 20
