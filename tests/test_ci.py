@@ -216,6 +216,16 @@ def test_merge_publishes_every_staged_wheel_once_and_refuses_a_damaged_one(tmp_p
     assert run_farm("index", "verify", "--wheelhouse", str(house)).returncode == 0
     again = run_farm("index", "merge", str(s1), str(s2), "--wheelhouse", str(house))
     assert again.returncode == 0 and "0 new, 2 already there" in again.stdout
+    # the same wheel staged by two hosts (a retried job) lands once; other bytes under its name stop the merge
+    s3 = _stage(tmp_path / "staging" / "h3", a, "drtk-cu130-torch2.13-py311", "k1")
+    twice = run_farm("index", "merge", str(s1), str(s3), "--wheelhouse", str(tmp_path / "house2"))
+    assert twice.returncode == 0 and "1 new, 0 already there" in twice.stdout, twice.stderr
+    other = make_wheel(tmp_path / "w-other", version="0.1.0+cu130torch2.13", tags="cp311-cp311-manylinux_2_34_x86_64",
+                       payload="other bytes")
+    s4 = _stage(tmp_path / "staging" / "h4", other, "drtk-cu130-torch2.13-py311", "k1")
+    clash = run_farm("index", "merge", str(s1), str(s4), "--wheelhouse", str(tmp_path / "house3"))
+    assert clash.returncode == 2 and "with other bytes" in clash.stderr and clash.stderr.count("\n") == 1
+    assert not (tmp_path / "house3" / "manifest.jsonl").exists()
     # a damaged artifact: nothing of this merge is written, one line names the file
     staged = next((s2 / "files").rglob("*.whl"))
     staged.write_bytes(staged.read_bytes()[:-10] + b"0123456789")

@@ -29,7 +29,6 @@ class MergeResult:
     stagings: int = 0
 
 
-
 def staged(staging: Path) -> tuple[list[Path], list[dict]]:
     """(wheel paths, build records) of one staging wheelhouse, hashes checked."""
     staging = Path(staging)
@@ -53,13 +52,22 @@ def staged(staging: Path) -> tuple[list[Path], list[dict]]:
 
 
 def merge(stagings, wheelhouse) -> MergeResult:
-    """Publish every wheel of every staging folder into `wheelhouse`; all staging folders are checked first."""
-    batches = [staged(Path(s)) for s in stagings]
-    result = MergeResult(stagings=len(batches))
-    for wheels, records in batches:
-        if not wheels:
-            continue
-        done = publish(wheels, wheelhouse, record=records)
-        result.published += [e.file for e in done.published]
-        result.already += [e.file for e in done.already]
+    """Publish every wheel of every staging folder into `wheelhouse` in one publish (one lock, one
+    page update, all or nothing); every staging folder is checked first. A wheel staged by two hosts
+    with the same bytes is published once; with other bytes the merge stops before writing."""
+    wheels: dict[str, tuple[Path, dict]] = {}
+    stagings = [Path(s) for s in stagings]
+    for staging in stagings:
+        for path, record in zip(*staged(staging)):
+            seen = wheels.get(path.name)
+            if seen is None:
+                wheels[path.name] = (path, record)
+            elif file_sha256(seen[0]) != file_sha256(path):
+                raise BadInput(display(path), "sha256", None,
+                               f"{path.name} is also staged in {display(seen[0])} with other bytes")
+    result = MergeResult(stagings=len(stagings))
+    if wheels:
+        done = publish([w for w, _ in wheels.values()], wheelhouse, record=[r for _, r in wheels.values()])
+        result.published = [e.file for e in done.published]
+        result.already = [e.file for e in done.already]
     return result
