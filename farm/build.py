@@ -266,7 +266,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
 def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, log_path: Path) -> None:
     """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform."""
     from .environments import EnvRequest, download_build_deps, download_environment
-    from .toolkit import download_toolkit_wheels, find_system_toolkit
+    from .toolkit import download_toolkit_wheels, installed_toolkit
 
     def note(message: str) -> None:
         _append(log_path, f"[host] {message}")
@@ -275,7 +275,8 @@ def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, lo
     download_environment(req, log=note)
     if recipe.build_deps:
         download_build_deps(req, recipe.build_deps, log=note)
-    if toolkit_source == "pypi" or (toolkit_source == "auto" and find_system_toolkit(cell.cuda)[0] is None):
+    if toolkit_source in ("auto", "pypi") and \
+            installed_toolkit(cell.cuda, target["arch"], recipe.cuda_components, toolkit_source)[0] is None:
         download_toolkit_wheels(cell.cuda, target["arch"], recipe.cuda_components, log=note)
 
 

@@ -447,6 +447,16 @@ def provision_pypi_toolkit(cuda: str, arch: str = "x86_64", components: Iterable
 _LEASES: list[cachebudget.Lease] = []
 
 
+def installed_toolkit(cuda: str, arch: str, components: Iterable[str] = (),
+                      source: str = "auto") -> tuple[Toolkit | None, list[str]]:
+    """The installed toolkit provision_toolkit would pick for `source` (None: it takes PyPI's wheels or
+    fails), with why each candidate was passed over. The host asks this before the offline steps, so
+    it downloads the wheels exactly when the step will need them."""
+    if source not in ("auto", "system", "image") or arch_of(arch) != host_arch():
+        return None, []
+    return find_system_toolkit(_line(cuda), normalise_components(components))
+
+
 def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str] = (), *,
                       source: str | None = None, allow_download: bool = True, log=None,
                       root: Path | None = None) -> Toolkit:
@@ -462,13 +472,11 @@ def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str]
     arch = arch_of(arch)
     comps = normalise_components(components)
     line = _line(cuda)
-    passed: list[str] = []
-    if source in ("auto", "system", "image") and arch == host_arch():
-        tk, passed = find_system_toolkit(line, comps)
-        if tk is not None:
-            if log:
-                log(f"toolkit: CUDA {tk.version} ({tk.source}) at {tk.home}")
-            return tk
+    tk, passed = installed_toolkit(line, arch, comps, source)
+    if tk is not None:
+        if log:
+            log(f"toolkit: CUDA {tk.version} ({tk.source}) at {tk.home}")
+        return tk
     if source in ("system", "image"):
         why = "; ".join(passed) or "no /usr/local/cuda* with an nvcc"
         raise ToolkitUnavailable(f"CUDA {line}: no installed toolkit on this line for {arch} ({why})")
