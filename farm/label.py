@@ -149,7 +149,7 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _find_dist_info(names: Sequence[str], filename: str) -> str:
+def find_dist_info(names: Sequence[str], filename: str) -> str:
     found = sorted({n.split("/", 1)[0] for n in names
                     if n.count("/") == 1 and n.split("/", 1)[0].endswith(".dist-info") and n.endswith("/METADATA")})
     if len(found) != 1:
@@ -251,7 +251,7 @@ def label_wheel(
 
     with zipfile.ZipFile(wheel) as zin:
         infos = zin.infolist()
-        old_di = _find_dist_info([i.filename for i in infos], wheel.name)
+        old_di = find_dist_info([i.filename for i in infos], wheel.name)
         meta = zin.read(f"{old_di}/METADATA").decode("utf-8")
         m = re.search(r"^Version:\s*(\S+)\s*$", meta, re.MULTILINE)
         if not m:
@@ -284,8 +284,7 @@ def label_wheel(
                 expand_tags(parts["py"], parts["abi"], parts["plat"]), build,
             ).encode("utf-8"),
         }
-        # RECORD and its signatures are regenerated (signatures cannot survive a rewrite).
-        dropped = {f"{old_di}/RECORD", f"{old_di}/RECORD.jws", f"{old_di}/RECORD.p7s", f"{old_di}/{BUILD_INFO_NAME}"}
+        dropped = {f"{old_di}/{BUILD_INFO_NAME}"}   # written anew below
 
         # Payload first, the .dist-info last (RECORD at the very end), as installers expect.
         ordered = sorted(
@@ -307,7 +306,9 @@ def label_wheel(
 
 def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, str, bytes]], dist_info: str) -> None:
     """Write a wheel atomically (temporary name, then rename): `members` in their order, each
-    (original ZipInfo or None, name, bytes), then `<dist_info>/RECORD` with fresh hashes."""
+    (original ZipInfo or None, name, bytes), then `<dist_info>/RECORD` with fresh hashes. A RECORD
+    or RECORD signature among `members` is left out (signatures cannot survive a rewrite)."""
+    stale = {f"{dist_info}/RECORD", f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
@@ -315,6 +316,8 @@ def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, st
         records: list[tuple[str, str, str]] = []
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
             for info, name, data in members:
+                if name in stale:
+                    continue
                 zi = zipfile.ZipInfo(name, date_time=info.date_time if info else (1980, 1, 1, 0, 0, 0))
                 zi.external_attr = info.external_attr if info else (0o644 << 16)
                 zi.compress_type = zipfile.ZIP_DEFLATED
@@ -341,5 +344,5 @@ def _record_text(rows: Sequence[tuple[str, str, str]]) -> str:
 def read_wheel_metadata(wheel: Path) -> tuple[str, str]:
     """(METADATA text, dist-info folder) of a wheel: for checks and tests."""
     with zipfile.ZipFile(wheel) as z:
-        di = _find_dist_info(z.namelist(), Path(wheel).name)
+        di = find_dist_info(z.namelist(), Path(wheel).name)
         return z.read(f"{di}/METADATA").decode("utf-8"), di

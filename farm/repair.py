@@ -300,7 +300,7 @@ def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
     `-Wl,-rpath,<prefix>/lib` into LDSHARED, CMake builds leave their build folders. On a user's
     machine they name folders that do not exist (or, worse, that hold other libraries).
     """
-    from .label import write_wheel
+    from .label import find_dist_info, write_wheel
 
     dropped: dict[str, list[str]] = {}
     fixed: dict[str, bytes] = {}
@@ -316,11 +316,8 @@ def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
                 fixed[info.filename] = _set_rpath(data, [e for e in entries if origin_relative(e)])
         if not fixed:
             return {}
-        names = [i.filename for i in zf.infolist()]
-        dist_info = next(n.split("/", 1)[0] for n in names if n.count("/") == 1 and n.endswith(".dist-info/RECORD"))
-        signatures = {f"{dist_info}/RECORD", f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
-        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist()
-                   if not i.is_dir() and i.filename not in signatures)
+        dist_info = find_dist_info(zf.namelist(), wheel.name)
+        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
         write_wheel(wheel, members, dist_info)
     return dropped
 

@@ -124,7 +124,8 @@ def record_mismatches(wheel: Path) -> list[str]:
 
 
 def test_a_wheel_whose_rpaths_are_all_relative_is_left_byte_identical(tmp_path):
-    wheel = pack_ext_wheel(tmp_path)
+    wheel = pack_ext_wheel(tmp_path, rpath="$ORIGIN/../demo_ext.libs")
+    assert needed_and_rpath(wheel, tmp_path / "x")[1] == "$ORIGIN/../demo_ext.libs"
     before = wheel.read_bytes()
     assert drop_build_rpaths(wheel) == {} and wheel.read_bytes() == before
 

@@ -87,9 +87,11 @@ def pack_ext_wheel(
     version: str = "1.0",
     link: Sequence[tuple[Path, str, bool]] = (),
     extra_c: str = "",
+    rpath: str = "",
 ) -> Path:
     """Like build_wheel, but fast: gcc builds the extension and the wheel is packed here
-    (the wheel format by hand: METADATA, WHEEL, RECORD). `extra_c` is appended to the C file."""
+    (the wheel format by hand: METADATA, WHEEL, RECORD). `extra_c` is appended to the C file;
+    `rpath` is set as the extension's RUNPATH as given (e.g. `$ORIGIN/../demo_ext.libs`)."""
     build = workdir / "pack"
     (build / "demo").mkdir(parents=True)
     decls = "\n".join(f"int {lib}_answer(void);" for _, lib, _ in link)
@@ -98,8 +100,10 @@ def pack_ext_wheel(
     c.write_text(EXT_C.format(decls=decls, call=call) + extra_c)
     so = build / "demo" / f"_ext{sysconfig.get_config_var('EXT_SUFFIX')}"
     cmd = ["gcc", "-shared", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", "-o", str(so), str(c)]
-    for folder, lib, rpath in link:
-        cmd += [f"-L{folder}", f"-l{lib}"] + ([f"-Wl,-rpath,{folder}"] if rpath else [])
+    for folder, lib, with_rpath in link:
+        cmd += [f"-L{folder}", f"-l{lib}"] + ([f"-Wl,-rpath,{folder}"] if with_rpath else [])
+    if rpath:
+        cmd.append(f"-Wl,-rpath,{rpath}")
     subprocess.run(cmd, check=True)
     (build / "demo" / "__init__.py").write_text("from ._ext import answer\n")
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"

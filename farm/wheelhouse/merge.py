@@ -29,12 +29,12 @@ class MergeResult:
     stagings: int = 0
 
 
-def staged(staging: Path) -> tuple[list[Path], list[dict]]:
-    """(wheel paths, build records) of one staging wheelhouse, hashes checked."""
+def staged(staging: Path) -> list[tuple[Path, dict, str]]:
+    """(wheel path, build record, sha256) of each wheel of one staging wheelhouse, hashes checked."""
     staging = Path(staging)
     if not (staging / "manifest.jsonl").is_file():
         raise BadInput(display(staging), "manifest.jsonl", None, "not a staging wheelhouse (no manifest.jsonl)")
-    wheels, records = [], []
+    out = []
     for e in read_journal(staging).entries:
         path = staging / FILES / e.project / e.file
         if not path.is_file():
@@ -46,28 +46,27 @@ def staged(staging: Path) -> tuple[list[Path], list[dict]]:
             record["build_key"] = e.build_key
         if e.arch_list:
             record["arch_list"] = e.arch_list
-        wheels.append(path)
-        records.append(record)
-    return wheels, records
+        out.append((path, record, e.sha256))
+    return out
 
 
 def merge(stagings, wheelhouse) -> MergeResult:
     """Publish every wheel of every staging folder into `wheelhouse` in one publish (one lock, one
     page update, all or nothing); every staging folder is checked first. A wheel staged by two hosts
     with the same bytes is published once; with other bytes the merge stops before writing."""
-    wheels: dict[str, tuple[Path, dict]] = {}
+    wheels: dict[str, tuple[Path, dict, str]] = {}
     stagings = [Path(s) for s in stagings]
     for staging in stagings:
-        for path, record in zip(*staged(staging)):
+        for path, record, sha256 in staged(staging):
             seen = wheels.get(path.name)
             if seen is None:
-                wheels[path.name] = (path, record)
-            elif file_sha256(seen[0]) != file_sha256(path):
+                wheels[path.name] = (path, record, sha256)
+            elif seen[2] != sha256:
                 raise BadInput(display(path), "sha256", None,
                                f"{path.name} is also staged in {display(seen[0])} with other bytes")
     result = MergeResult(stagings=len(stagings))
     if wheels:
-        done = publish([w for w, _ in wheels.values()], wheelhouse, record=[r for _, r in wheels.values()])
+        done = publish([w for w, _, _ in wheels.values()], wheelhouse, record=[r for _, r, _ in wheels.values()])
         result.published = [e.file for e in done.published]
         result.already = [e.file for e in done.already]
     return result
