@@ -101,7 +101,7 @@ def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict:
     if exe is None:
         for key in [k for k in env if k.startswith("CCACHE_")] + ["PYTORCH_NVCC"]:
             env.pop(key, None)
-        env.update({"TORCH_NO_COMPILER_WRAPPER": "1", "CCACHE_DISABLE": "1"})
+        env.update(cache_env(enabled=False))
         return {"active": False, "why": "no ccache on the runner's PATH"}
     env["PYTORCH_NVCC"] = env["PYTORCH_NVCC"].replace(NVCC_PLACEHOLDER, str(nvcc))
     if env.get("CCACHE_DIR"):

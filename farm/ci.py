@@ -313,10 +313,8 @@ def actionlint_config() -> str:
 
 def missing_outputs(plan, cells: list[Cell], group: int, layout: str, wheelhouse) -> list[str]:
     """The `name=[ids]` output lines of plan job `group`: per chunk, its cells not yet in the wheelhouse."""
-    from .buildkey import KeyMaker
     from .errors import BadInput
-    from .run import Contexts, resolve_runner
-    from .wheelhouse import built_keys
+    from .run import missing_cells
 
     keep, _ = ci_cells(plan, cells)
     chunks = chunks_for(plan, keep)
@@ -327,12 +325,7 @@ def missing_outputs(plan, cells: list[Cell], group: int, layout: str, wheelhouse
     groups = plan_groups(chunks)
     if not 1 <= group <= len(groups):
         raise BadInput("farm ci outputs", "--group", group, f"expected 1..{len(groups)}")
-    done = built_keys(wheelhouse)
-    keys = KeyMaker(plan.defaults, plan.recipes)
     by_id = {c.id: c for c in keep}
-    contexts = Contexts(resolve_runner(None))   # keyed as `farm build` on this host would key them
-
-    def missing(cell_id: str) -> bool:
-        return keys.key(by_id[cell_id], contexts.for_platform(by_id[cell_id].platform)) not in done
-
-    return [output_line(ch.name, [i for i in ch.cells if missing(i)]) for ch in groups[group - 1]]
+    mine = [by_id[i] for ch in groups[group - 1] for i in ch.cells]
+    missing = {c.id for c in missing_cells(plan, mine, wheelhouse)}   # keyed as `farm build` here keys them
+    return [output_line(ch.name, [i for i in ch.cells if i in missing]) for ch in groups[group - 1]]

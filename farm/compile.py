@@ -187,23 +187,3 @@ def _last_error(log: Path) -> str:
         if re.search(r"\berror\b|Error:|fatal", ln) and not ln.startswith("#"):
             return ln[:300]
     return lines[-1][:300] if lines else "no output"
-
-
-def cell_compile_environment(cell, recipe, toolkit: Toolkit, torch_env=None, *, defaults=None,
-                             max_jobs: int | None = None, exported: Mapping[str, str] | None = None,
-                             base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """compile_environment() for a farm.cells.Cell and its farm.recipes.Recipe.
-
-    max_jobs: a clamp decided by the caller (memory admission, SPEC 8.4), else the recipe's/policy's.
-    The toolkit must be able to emit the cell's whole arch list (checked here, by name).
-    """
-    if defaults is None:
-        from .policy import load_defaults
-        defaults = load_defaults()
-    jobs, threads = recipe.parallelism(defaults)
-    arch_list = cell.arch.arch_list
-    toolkit.require(arch_list, cell=cell.id)
-    return compile_environment(arch_list=arch_list, toolkit=toolkit, torch_env=torch_env, cuda=cell.cuda,
-                               max_jobs=max_jobs or jobs, nvcc_threads=threads,
-                               nvcc_flags=recipe.nvcc_flags or "", recipe_env=recipe.env, exported=exported,
-                               base=base)

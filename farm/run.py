@@ -37,12 +37,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import paths
+from .emulation import cell_arch, is_emulated
 from .errors import FarmError
 from .plan import Filters, Plan, full_plan, in_shard
 
 # Statuses of a cell in a run. Exit 0 needs every selected cell in OK_STATUSES.
 OK_STATUSES = ("built", "skipped", "up-to-date", "expected-fail")
-FAIL_STATUSES = ("failed", "oom", "blocked", "interrupted", "not-started")
 OOM_PATTERNS = ("Killed signal terminated program", "died due to signal 9", "out of memory", "Out of memory",
                 "std::bad_alloc", "exit 137")
 CHILD_GRACE_S = 20.0
@@ -130,29 +130,34 @@ class RunResult:
 # ---------------------------------------------------------------- the build context keys are made with
 
 def resolve_runner(kind: str | None) -> str:
-    if kind:
-        return kind
-    from .engine import Engine
+    from .runners import default_kind
 
-    return "container" if Engine.available() else "host"
+    return kind or default_kind()
 
 
 class Contexts:
-    """The BuildContext `farm build` will key a cell with, per platform, without building anything."""
+    """The BuildContext `farm build` will key a cell with, per platform, without building anything;
+    and the builder image per arch, when one is built (the engine is asked once)."""
 
     def __init__(self, runner: str):
         self.runner = runner
         self._by_platform: dict[str, object] = {}
         self._images: dict[str, object] = {}
+        self._engine: object = False    # not asked yet
 
     def image(self, arch: str):
         if arch not in self._images:
             from .engine import Engine
             from .images import load_image
 
-            engine = Engine.available()
-            self._images[arch] = load_image(arch, engine) if engine else None
+            if self._engine is False:
+                self._engine = Engine.available()
+            self._images[arch] = load_image(arch, self._engine) if self._engine else None
         return self._images[arch]
+
+    def key_of(self, keys, cell) -> str:
+        """`cell`'s build key from `keys` (a KeyMaker) in the context of this runner."""
+        return keys.key(cell, self.for_platform(cell.platform))
 
     def for_platform(self, platform: str):
         from .buildkey import context_for
@@ -181,7 +186,7 @@ class Buildability:
             return "Windows cells on a non-Windows host"
         if recipe.needs_patch:
             return "needs_patch (no farm patch written yet)"
-        if cell.platform == "linux_aarch64" and host_arch() != "aarch64":
+        if cell.platform == "linux_aarch64" and is_emulated(cell.platform, host_arch()):
             if self.runner == "host":
                 return "aarch64 cells with --runner host on an x86_64 host"
             if not _qemu_registered():
@@ -196,7 +201,7 @@ class Buildability:
 
     def python(self, cell) -> str | None:
         """The cell's Python must exist where the steps run (the image's own or a mounted pyenv prefix)."""
-        arch = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+        arch = cell_arch(cell.platform)
         key = f"{arch}-{cell.python}"
         if key not in self._python:
             found = True
@@ -278,7 +283,7 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
                  for c in plan.cells}
 
     def key_of(cell) -> str:
-        return keys.key(cell, contexts.for_platform(cell.platform))
+        return contexts.key_of(keys, cell)
 
     chosen = in_shard(plan.select(options.filters), options.shard)
     todo: dict[str, CellRun] = {}
@@ -332,6 +337,18 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
     # Known failures last: everything else gets the machine first; dependencies before dependents.
     ordered = sorted(todo.values(), key=lambda c: (c.expected_fail is not None, _depth(c, todo)))
     return Selection(plan, ordered, skipped, unbuildable, runner, house)
+
+
+def missing_cells(plan: Plan, cells, wheelhouse=None, runner: str | None = None) -> list:
+    """The cells whose build key (as `farm build` on `runner` would key them; default: this host's
+    runner) is not in the wheelhouse manifest: `farm plan --missing` and the CI plan jobs."""
+    from .buildkey import KeyMaker
+    from .wheelhouse import built_keys
+
+    done = built_keys(wheelhouse)
+    keys = KeyMaker(plan.defaults, plan.recipes)
+    contexts = Contexts(resolve_runner(runner))
+    return [c for c in cells if contexts.key_of(keys, c) not in done]
 
 
 def _depth(cell: CellRun, todo: dict[str, CellRun]) -> int:
@@ -542,7 +559,7 @@ class Scheduler:
                 continue
             if deps == "wait" or (cell.siblings in self.leading and self.options.compiler_cache):
                 continue
-            emulated = cell.platform == "linux_aarch64" and self.host_arch != "aarch64"
+            emulated = is_emulated(cell.platform, self.host_arch)
             if emulated and sum(1 for j in self.running.values() if j.emulated) >= self.options.arm_jobs:
                 continue
             want = cell.max_jobs_recipe if not cell.oom_retry else max(1, (cell.max_jobs or 1) // 2)

@@ -241,7 +241,7 @@ def write_reports(house: Path, run_id: str, cells, unbuildable: dict, *, options
             skipped.append(c.id)
             continue
         d = c.public()
-        if c.status not in DONE and c.status != "skipped" and c.log:
+        if c.status not in DONE and c.log:
             d["log_link"] = _copy_log(c, logs, runs)
         elif c.log:
             d["log_link"] = Path(c.log).resolve().as_uri()
@@ -268,18 +268,20 @@ def write_reports(house: Path, run_id: str, cells, unbuildable: dict, *, options
 
 
 def _copy_log(c, logs: Path, runs: Path) -> str:
-    """build.log, then compile.log, then the child's own output, into one file under runs/<id>/logs/."""
+    """build.log, then compile.log, into one file under runs/<id>/logs/ (the report is rewritten as
+    cells finish: a log already copied since the cell's last attempt is not copied again)."""
     logs.mkdir(parents=True, exist_ok=True)
     target = logs / f"{c.id}.log"
     log = Path(c.log)
-    parts = [log] + [p for p in (log.with_name("compile.log"),) if p.exists()]
-    with open(target.with_suffix(".tmp"), "wb") as out:
-        for part in parts:
-            if part.exists():
+    parts = [p for p in (log, log.with_name("compile.log")) if p.exists()]
+    newest = max((p.stat().st_mtime for p in parts), default=0.0)
+    if not target.exists() or target.stat().st_mtime < newest:
+        with open(target.with_suffix(".tmp"), "wb") as out:
+            for part in parts:
                 out.write(f"===== {part}\n".encode())
                 with open(part, "rb") as fh:
                     shutil.copyfileobj(fh, out)
-    target.with_suffix(".tmp").replace(target)
+        target.with_suffix(".tmp").replace(target)
     return target.relative_to(runs).as_posix()
 
 

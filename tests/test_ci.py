@@ -174,15 +174,18 @@ def test_huge_recipes_go_to_the_self_hosted_label_with_their_timeout(tmp_path):
     env = {"FARM_RECIPES": str(recipes)}
     wf = generate(tmp_path, "--cuda", "13.0", env=env)["farm-build.yml"]
     outputs = plan_outputs(wf, tmp_path / "house", env=env)
+    kinds = set()
     for job in build_jobs(wf).values():
         ids = json.loads(outputs[matrix_source(job)])
         huge = {i.startswith("flash_attn-") for i in ids}
         assert len(huge) == 1                                   # never mixed in one job
+        kinds |= huge
         if huge == {True}:
             assert job["runs-on"] in SELF_HOSTED_LABELS.values() and "farm-huge" in job["runs-on"]
             assert job["timeout-minutes"] == 720                # the recipe's timeout, not the hosted cap
         else:
             assert isinstance(job["runs-on"], str) and job["timeout-minutes"] <= 360
+    assert kinds == {True, False}                               # both kinds of job were there to check
 
 
 # ---------------------------------------------------------------- merge

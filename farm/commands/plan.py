@@ -35,14 +35,9 @@ def selected(args):
     plan = full_plan()
     cells = in_shard(plan.select(filters_of(args)), parse_shard(args.shard) if args.shard else None)
     if getattr(args, "missing", False):
-        from ..buildkey import KeyMaker
-        from ..run import Contexts, resolve_runner
-        from ..wheelhouse import built_keys
+        from ..run import missing_cells
 
-        done = built_keys()
-        keys = KeyMaker(plan.defaults, plan.recipes)
-        contexts = Contexts(resolve_runner(None))   # keyed as `farm build` here would key them
-        cells = [c for c in cells if keys.key(c, contexts.for_platform(c.platform)) not in done]
+        cells = missing_cells(plan, cells)
     return plan, cells
 
 

@@ -113,14 +113,18 @@ class Runner:
         raise NotImplementedError
 
 
+def default_kind() -> str:
+    """The runner when none is asked for: container when an engine answers, else host."""
+    from ..engine import Engine
+
+    return "container" if Engine.available() else "host"
+
+
 def get_runner(kind: str | None = None, arch: str | None = None, **kw) -> Runner:
-    """`container` or `host`; None = container when an engine answers, else host."""
+    """`container` or `host`; None = default_kind()."""
     from ..errors import BadInput
 
-    if kind is None:
-        from ..engine import Engine
-
-        kind = "container" if Engine.available() else "host"
+    kind = kind or default_kind()
     if kind == "container":
         from .container import ContainerRunner
 
