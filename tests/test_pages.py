@@ -7,7 +7,6 @@ FARM_SCREENSHOTS=DIR (`make pages-screenshots`) keeps the PNGs there.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,13 +36,14 @@ def ensure_chromium() -> str:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """A wheelhouse with a published drtk wheel and the site pages, served on 127.0.0.1."""
+    """A wheelhouse with drtk 0.10.0 and 0.9.0 published (in that order) and the site pages, on 127.0.0.1."""
     from farm.pages.find import write_site
 
     tmp = tmp_path_factory.mktemp("pages")
     house = tmp / "wh"
-    publish([make_wheel(tmp / "in", "drtk", "0.1.0+cu128torch2.8", tags="cp312-cp312-manylinux_2_28_x86_64")],
-            house, record={"arch_list": "8.0 8.6 8.9 9.0 10.0 12.0+PTX"})
+    for version in ("0.10.0", "0.9.0"):
+        publish([make_wheel(tmp / "in", "drtk", f"{version}+cu128torch2.8", tags="cp312-cp312-manylinux_2_28_x86_64")],
+                house, record={"arch_list": "8.0 8.6 8.9 9.0 10.0 12.0+PTX"})
     write_site(house)
     with served(house, tmp / "access.log") as url:
         yield url, house
@@ -117,7 +117,7 @@ def test_find_page_accepts_an_sm_and_pins_the_published_version_of_a_package(sit
     text = choose(page, url, "linux", "3.12", "sm_89", torch="2.8", package="drtk")
     command = page.inner_text("#command")
     assert command == (f"pip install --index-url {url}/cu128/torch2.8/ --extra-index-url https://pypi.org/simple "
-                       "'drtk==0.1.0+cu128torch2.8'"), text
+                       "'drtk==0.10.0+cu128torch2.8'"), text   # the highest version, not the last published
     assert page.inner_text("#command-uv").startswith("uv pip install --index-url https://pypi.org/simple "
                                                      f"--extra-index-url {url}/cu128/torch2.8/")
     screenshot(page, "find-sm89-drtk", tmp_path)
@@ -173,6 +173,7 @@ def test_pages_load_no_external_resources(site):
 
 
 def test_chromium_is_debians_not_a_downloaded_one():
-    assert shutil.which("chromium") == CHROMIUM or Path(ensure_chromium()).exists()
+    owner = subprocess.run(["dpkg", "-S", ensure_chromium()], capture_output=True, text=True)
+    assert owner.returncode == 0 and owner.stdout.startswith("chromium"), owner.stdout + owner.stderr
     assert not Path.home().joinpath(".cache/ms-playwright").exists() or not any(
         Path.home().joinpath(".cache/ms-playwright").glob("chromium-*"))

@@ -140,7 +140,8 @@ _SCRIPT = r"""
     const wheels = houseCache[pkg] || [];
     const hits = wheels.filter((w) => !w.yanked && w.platform === ch.platform && w.channels.includes(ch.path) &&
                                       (w.pythons || []).includes(python));
-    hits.sort((a, b) => (a.version < b.version ? 1 : -1));
+    const pub = (w) => w.version.split("+")[0];   // numeric order: 0.10.0 after 0.9.0
+    hits.sort((a, b) => vcmp(pub(b), pub(a)));
     return hits.length ? hits[0].version : null;
   }
 
