@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -169,6 +170,19 @@ def test_git_submodules_are_fetched_and_their_commits_recorded(tmp_path):
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
+    """A static server that, like PyPI, answers PEP 691 JSON (a folder's index.json) to clients asking for it."""
+
+    def send_head(self):
+        folder = Path(self.translate_path(self.path))
+        if "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") and (folder / "index.json").is_file():
+            data = (folder / "index.json").read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return io.BytesIO(data)
+        return super().send_head()
+
     def log_message(self, *args):
         pass
 
@@ -238,6 +252,22 @@ def test_sdist_by_pypi_name_is_resolved_through_the_simple_index(served, tmp_pat
     # cached by the pin (sha256): once fetched, PyPI is not asked again
     shutil.rmtree(root / "simple")
     prep({"sdist": {"pypi": "demo==1.0", "sha256": sha}}, tmp_path / "w3")
+
+
+def test_sdist_by_pypi_name_prefers_the_pep_691_json_page(served, tmp_path, monkeypatch):
+    root, base = served
+    (root / "files").mkdir()
+    sha = make_tar(root / "files/demo-1.0.tar.gz", GOOD)
+    page = root / "simple/demo"
+    page.mkdir(parents=True)
+    (page / "index.json").write_text(json.dumps({"meta": {"api-version": "1.1"}, "name": "demo", "files": [
+        {"filename": "demo-1.0-py3-none-any.whl", "url": f"{base}/files/nope.whl", "hashes": {}},
+        {"filename": "demo-1.0.tar.gz", "url": f"{base}/files/demo-1.0.tar.gz#sha256={sha}", "hashes": {"sha256": sha}},
+    ]}))
+    (page / "index.html").write_text('<a href="../../files/missing-1.0.tar.gz">demo-1.0.tar.gz</a>\n')  # not read
+    monkeypatch.setenv("FARM_PYPI_URL", base)
+    res = prep({"sdist": {"pypi": "demo==1.0", "sha256": sha}}, tmp_path / "work")
+    assert res.sha256 == sha and (tmp_path / "work/setup.py").exists()
 
 
 def test_sdist_with_wrong_sha256_fails_and_extracts_nothing(served, tmp_path):
