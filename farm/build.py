@@ -114,19 +114,23 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
 
     house = Path(wheelhouse or paths.wheelhouse_dir())
-    entries = _cell_entries(house, cell.id)
-    done = [e for e in entries if e.build_key == key]
-    if done and not force:
-        log(f"{cell.id}: up to date (build key {key[:12]} already in {house}: {done[-1].file})")
+
+    def up_to_date(why: str) -> BuildResult | None:
+        """The published wheel of this very key, unless --force."""
+        done = [e for e in entries if e.build_key == key]
+        if not done or force:
+            return None
+        log(f"{cell.id}: up to date ({why}: {done[-1].file})")
         return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {}, None)
+
+    entries = _cell_entries(house, cell.id)
+    if result := up_to_date(f"build key {key[:12]} already in {house}"):
+        return result
     with _cell_lock(cell.id, log) as waited:
         if waited:   # the other build may have published this very key meanwhile
             entries = _cell_entries(house, cell.id)
-            done = [e for e in entries if e.build_key == key]
-            if done and not force:
-                log(f"{cell.id}: up to date (published by the build this one waited for)")
-                return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {},
-                                   None)
+            if result := up_to_date("published by the build this one waited for"):
+                return result
         return _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, out=out,
                              publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
                              max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache)
@@ -181,8 +185,8 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     mounts = runner.standard_mounts(work=work, out=out)
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
-    recipe_jobs = recipe.parallelism(plan.defaults)[0]
-    jobs = max_jobs or recipe_jobs
+    recipe_jobs, nvcc_threads = recipe.parallelism(plan.defaults)
+    jobs = max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, SPEC 8.4)
     cache_dir_host = group_dir(cell.cuda, cell.torch, cell.links_torch)
     cache_dir_host.mkdir(parents=True, exist_ok=True)
     if compiler_cache and runner.kind == "host":
@@ -200,13 +204,11 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
                      "links_torch": cell.links_torch, "wheel_abi": cell.wheel_abi,
                      "arch_list": cell.arch.arch_list.torch(), "provenance": cell.arch.provenance,
                      "local_label": cell.local_label},
-            "recipe": {**_recipe_spec(recipe), "requires_dist": requires,
-                       "max_jobs": recipe.parallelism(plan.defaults)[0],
-                       "nvcc_threads": recipe.parallelism(plan.defaults)[1]},
+            "recipe": {**_recipe_spec(recipe), "requires_dist": requires, "max_jobs": jobs,
+                       "nvcc_threads": nvcc_threads},
             "paths": {"out": paths_fn(out), "work": paths_fn(work)},
             "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
             "build_number": build_number, "record": record_base,
-            "max_jobs": jobs if max_jobs else None,
             "compiler_cache_env": cache_env(enabled=compiler_cache, ccache_dir=paths_fn(cache_dir_host),
                                             basedir=paths_fn(work), stats_log=paths_fn(out / "ccache-stats.log")),
         }
@@ -220,7 +222,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     requires = resolve_requires_dist(recipe, cell, plan.recipes)
     requires = None if requires is None else list(requires)
     host_spec = spec_for("host", str)
-    step_spec = spec_for(runner.kind, lambda p: runner.inside(p, mounts))
+    step_spec = host_spec if runner.kind == "host" else spec_for(runner.kind, lambda p: runner.inside(p, mounts))
     inside_spec = runner.inside(step_spec, mounts)
 
     def phase(which: str, on_runner, spec: str, network: bool) -> None:

@@ -115,8 +115,6 @@ class Steps:
                                   cuda=self.cell["cuda"], max_jobs=r["max_jobs"], nvcc_threads=r["nvcc_threads"],
                                   nvcc_flags=r["nvcc_flags"], recipe_env=r["env"], exported=exported)
         env.update(self.spec.get("compiler_cache_env") or {})
-        if self.spec.get("max_jobs"):   # a clamp decided by the farm run (memory admission, SPEC 8.4)
-            env["MAX_JOBS"] = env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(self.spec["max_jobs"])
         from .ccache import resolve_in_step
 
         self.compiler_cache = resolve_in_step(env, self.toolkit.nvcc if self.toolkit else "nvcc")
