@@ -222,7 +222,9 @@ def repair_wheel(
     if wheel_abi == "pure" or wplat == "any":
         return RepairResult(wheel, False, reason="pure wheel: not repaired")
     if platform == "windows" or wplat.startswith("win"):
-        return RepairResult(wheel, False, reason="windows wheel: not repaired")
+        from .windows import repair_note
+
+        return RepairResult(wheel, False, reason=repair_note())
     arch = _wheel_arch(wplat)
 
     info = show(wheel)

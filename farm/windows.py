@@ -179,8 +179,10 @@ def cuda_home_candidates(cuda: str, environ: Mapping[str, str]) -> list[str]:
 
 
 def nvcc_release(version_text: str) -> str | None:
-    """'release 13.0, V13.0.88' in `nvcc --version` -> '13.0'."""
-    m = re.search(r"release (\d+\.\d+), V", version_text)
+    """'release 13.0, V13.0.88' in `nvcc --version` -> '13.0' (the pattern farm.toolkit reads too)."""
+    from .toolkit import _RELEASE
+
+    m = _RELEASE.search(version_text)
     return m.group(1) if m else None
 
 
@@ -279,7 +281,8 @@ def host_compile_environment(linux_env: Mapping[str, str], cuda: str, torch_scri
                              ) -> dict[str, str]:
     """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment.
 
-    The hook for farm.steps (its compile environment on a `windows` cell); not called on Linux.
+    Meant for farm.steps' compile environment on a `windows` cell. Not called yet: farm.steps has no
+    Windows branch, because nothing here can run on Windows to test one (`-win` cells are refused).
     """
     return adapt_compile_environment(linux_env, msvc=find_msvc(), toolkit=find_cuda_toolkit(cuda),
                                      torch_scripts=torch_scripts)
