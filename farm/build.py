@@ -79,7 +79,7 @@ def _recipe_spec(recipe: Recipe) -> dict:
         "base_dir": str(Path(recipe.path).parent), "subdir": recipe.subdir,
         "build_deps": list(recipe.build_deps), "cuda_components": list(recipe.cuda_components),
         "env": dict(recipe.env), "pre_build": recipe.pre_build, "nvcc_flags": recipe.nvcc_flags or "",
-        "verify": raw.get("verify") or {}, "allow_graft": list(raw.get("allow_graft") or ()),
+        "verify": raw.get("verify") or {}, "allow_graft": list(recipe.allow_graft),
     }
 
 

@@ -38,7 +38,7 @@ TOP_KEYS = (
     "system_packages", "expected_fail", "needs_patch", "arch_list", "arch_list_by_cuda",
     "arch_list_aarch64", "arch_list_by_cuda_aarch64", "build_deps", "cuda_components", "env",
     "pre_build", "patches", "max_jobs", "nvcc_threads", "nvcc_flags", "requires_dist", "verify",
-    "peak_gb_per_job", "timeout", "self_hosted",
+    "peak_gb_per_job", "timeout", "self_hosted", "allow_graft",
 )
 REQUIRED_KEYS = ("name", "source", "links_torch")
 ARCH_KEYS = ("arch_list", "arch_list_by_cuda", "arch_list_aarch64", "arch_list_by_cuda_aarch64", "arch_fallback")
@@ -208,6 +208,7 @@ class Recipe:
     needs_patch: bool = False
     build_deps: tuple[str, ...] = ()
     cuda_components: tuple[str, ...] = ()
+    allow_graft: tuple[str, ...] = ()      # sonames (fnmatch) auditwheel may copy in (SPEC 8.1 step 6)
     env: Mapping[str, str] = field(default_factory=lambda: frozen({}))
     pre_build: str | None = None
     patches: tuple[Patch, ...] = ()
@@ -298,6 +299,7 @@ class Recipe:
             "arch_list_by_cuda_aarch64": {k: v.torch() for k, v in a.arch_list_by_cuda_aarch64.items()},
             "build_deps": list(self.build_deps),
             "cuda_components": list(self.cuda_components),
+            "allow_graft": list(self.allow_graft),
             "env": dict(self.env),
             "pre_build": self.pre_build,
             "patches": [_drop_empty({"file": p.file, "when": {k: list(v) for k, v in p.when.items()}})
@@ -820,6 +822,8 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
         kw["expected_fail"] = _read_expected_fail(r, data["expected_fail"])
     if "build_deps" in data:
         kw["build_deps"] = _read_requirements(r, data["build_deps"], "build_deps", placeholders=False)
+    if "allow_graft" in data:
+        kw["allow_graft"] = r.strings(data["allow_graft"], "allow_graft")
     if "cuda_components" in data:
         comps = r.strings(data["cuda_components"], "cuda_components")
         for c in comps:

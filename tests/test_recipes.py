@@ -59,6 +59,8 @@ def error_of(path: Path, defaults, names=None) -> str:
 # Each case: (what is wrong, recipe text, the one-line message after "<file>: ").
 # `HEADER` is prepended unless the text starts with "name:".
 MALFORMED = [
+    ("allow_graft that is not a list", "allow_graft: libfoo.so*\n",
+     "allow_graft: 'libfoo.so*': expected a list of strings, got a string"),
     ("unknown key with a near miss", "arch_lst: '8.0'\n",
      "arch_lst: unknown key; did you mean 'arch_list'?"),
     ("unknown key inside source.git",
@@ -281,7 +283,8 @@ def test_build_relevant_ignores_verify_and_comments_but_not_build_keys(tmp_path,
                  base + "submodules: false\n"):      # a default written out
         assert load_recipe(write(folder, same), defaults).build_relevant() == first
     for different in (base.replace("max_jobs: 2", "max_jobs: 3"), base + "arch_list: 8.0 9.0\n",
-                      base + "build_deps: [numpy]\n", base.replace("v1.0.0", "v1.0.1")):
+                      base + "build_deps: [numpy]\n", base.replace("v1.0.0", "v1.0.1"),
+                      base + "allow_graft: ['libgomp.so*']\n"):   # what may be grafted changes the wheel
         assert load_recipe(write(folder, different), defaults).build_relevant() != first
 
 
