@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform as host_platform
 import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, paths
+from . import __version__, images, paths
 from .buildkey import KeyMaker, context_for
+from .emulation import is_emulated
 from .errors import FarmError
 from .plan import find_cell, full_plan
 from .recipes import Recipe
@@ -51,21 +51,29 @@ class BuildResult:
     record_path: Path | None
 
 
-def host_arch() -> str:
-    machine = host_platform.machine().lower()
-    return "aarch64" if machine in ("aarch64", "arm64") else "x86_64"
+def refusal(cell, recipe: Recipe, runner_kind: str | None) -> tuple[str, str] | None:
+    """Why `cell` cannot build here with `runner_kind`, known before any work: (the reason every such
+    cell shares, for `farm run`'s summary; the one line `farm build` prints for this cell), or None."""
+    from . import windows
+
+    line = windows.refusal(cell.id, cell.platform)
+    if line:
+        return "Windows cells on a non-Windows host", line
+    if recipe.needs_patch:
+        return ("needs_patch (no farm patch written yet)",
+                f"{cell.id}: not buildable yet: recipe {recipe.name} needs a patch nobody has written "
+                "(needs_patch: true)")
+    if cell.platform == "linux_aarch64" and runner_kind == "host" and is_emulated(cell.platform):
+        return ("aarch64 cells with --runner host on an x86_64 host",
+                f"{cell.id}: an aarch64 cell on an x86_64 host needs the container runner "
+                "(QEMU emulation), not --runner host")
+    return None
 
 
 def check_buildable_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
-    from . import windows
-
-    windows.check_buildable_here(cell)
-    if recipe.needs_patch:
-        raise NotBuildableHere(f"{cell.id}: not buildable yet: recipe {recipe.name} needs a patch nobody has "
-                               "written (needs_patch: true)")
-    if cell.platform == "linux_aarch64" and host_arch() != "aarch64" and runner_kind == "host":
-        raise NotBuildableHere(f"{cell.id}: an aarch64 cell on an x86_64 host needs the container runner "
-                               "(QEMU emulation), not --runner host")
+    why = refusal(cell, recipe, runner_kind)
+    if why:
+        raise NotBuildableHere(why[1])
 
 
 def _recipe_spec(recipe: Recipe) -> dict:
@@ -232,7 +240,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
             kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
             raise kind(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
 
-    phase("source", HostRunner(arch=host_arch()), str(host_spec), True)
+    phase("source", HostRunner(arch=images.host_arch()), str(host_spec), True)
     _download_inputs(cell, recipe, target, toolkit_source, log_path)
     if recipe.pre_build:
         phase("env,toolkit,prebuild", runner, inside_spec, True)

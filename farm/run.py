@@ -180,17 +180,13 @@ class Buildability:
         self._python: dict[str, str | None] = {}
 
     def why_not(self, cell, recipe) -> str | None:
-        from .build import host_arch
+        from .build import refusal
 
-        if cell.platform == "windows" and sys.platform != "win32":
-            return "Windows cells on a non-Windows host"
-        if recipe.needs_patch:
-            return "needs_patch (no farm patch written yet)"
-        if cell.platform == "linux_aarch64" and is_emulated(cell.platform, host_arch()):
-            if self.runner == "host":
-                return "aarch64 cells with --runner host on an x86_64 host"
-            if not _qemu_registered():
-                return "aarch64 cells: no qemu-aarch64 emulation registered (farm images setup-qemu)"
+        why = refusal(cell, recipe, self.runner)   # what `farm build` itself refuses
+        if why:
+            return why[0]
+        if cell.platform == "linux_aarch64" and is_emulated(cell.platform) and not _qemu_registered():
+            return "aarch64 cells: no qemu-aarch64 emulation registered (farm images setup-qemu)"
         tk = self.toolkit(cell.cuda)
         if tk:
             return tk
@@ -508,7 +504,7 @@ class Scheduler:
         self.led: set[str] = set()        # sibling groups whose first cell has ended
         self.interrupted = 0
         self._last_sample = 0.0
-        from .build import host_arch
+        from .images import host_arch
 
         self.host_arch = host_arch()
 
