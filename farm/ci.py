@@ -89,27 +89,26 @@ class Chunk:
 
 def ci_cells(plan, cells: list[Cell]) -> tuple[list[Cell], dict[str, list[str]]]:
     """The cells CI builds: all selected ones except recipes that need a patch nobody wrote (not buildable
-    anywhere yet). Returns (cells, {reason: ids left out})."""
+    anywhere yet). Returns (cells, {recipe: ids left out})."""
     keep, left = [], {}
     for cell in cells:
         if plan.recipes[cell.recipe_name].needs_patch:
-            left.setdefault(f"needs_patch ({cell.recipe_name})", []).append(cell.id)
+            left.setdefault(cell.recipe_name, []).append(cell.id)
         else:
             keep.append(cell)
     return keep, left
 
 
 def chunks_for(plan, cells: list[Cell], max_jobs: int = MAX_JOBS_PER_MATRIX) -> list[Chunk]:
-    by_lane: dict[str, list[Cell]] = {}
+    by_lane: dict[tuple[str, bool], list[Cell]] = {}
     for cell in cells:
         recipe = plan.recipes[cell.recipe_name]
-        key = lane_of(cell) + ("-selfhosted" if recipe.self_hosted else "")
-        by_lane.setdefault(key, []).append(cell)
+        by_lane.setdefault((lane_of(cell), bool(recipe.self_hosted)), []).append(cell)
     out = []
-    for lane_key in sorted(by_lane):
-        base = lane_key.split("-")[0]
-        hosted = not lane_key.endswith("-selfhosted")
-        group = by_lane[lane_key]
+    for base, self_hosted in sorted(by_lane):
+        hosted = not self_hosted
+        lane_key = base + ("-selfhosted" if self_hosted else "")
+        group = by_lane[(base, self_hosted)]
         timeout_of = {c.id: plan.recipes[c.recipe_name].timeout or DEFAULT_TIMEOUT_MIN for c in group}
         for i, ids in enumerate(_split([c.id for c in group], max_jobs)):
             minutes = max(timeout_of[x] for x in ids)

@@ -549,7 +549,8 @@ class Scheduler:
             if deps == "failed":
                 self.pending.remove(cell)
                 cell.status = "blocked"
-                failed = [d for d in cell.deps if self.cells[d].status not in ("built", "up-to-date", "skipped")]
+                failed = [d for d in cell.deps if d in self.cells and self.cells[d].status not in
+                          ("built", "up-to-date", "skipped", "pending", "running")]
                 cell.message = f"not built: it needs {', '.join(failed)}, which did not build"
                 self.events("finish", cell)
                 continue
@@ -771,7 +772,6 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     state_dir = build_dir / ".farm-run" / run_id
     state_dir.mkdir(parents=True, exist_ok=True)
     display.line(f"building {len(sel.todo)} cells, {jobs} at a time, memory budget {budget:.1f} GB")
-    sched = Scheduler(sel, options, budget, jobs, state_dir, build_dir, events=None)
     cells_all = sel.skipped + sel.todo
     reporter = _Reporter(run_id, sel, options, cells_all, t0)
     display.start(len(sel.todo), len(sel.skipped))
@@ -781,7 +781,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
         if kind in ("finish", "oom-retry"):
             reporter.write(throttle=True)
 
-    sched.events = events
+    sched = Scheduler(sel, options, budget, jobs, state_dir, build_dir, events=events)
     previous = {s: signal.signal(s, sched.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         sched.run()

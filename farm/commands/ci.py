@@ -49,7 +49,7 @@ def github_command(args) -> int:
     print(f"{sum(len(c.cells) for c in chunks)} cells in {len(chunks)} build jobs ({', '.join(lanes) or 'none'})")
     if left:
         print(f"left out: {sum(len(v) for v in left.values())} cells of recipes that need a patch nobody wrote: "
-              + ", ".join(why.split("(")[1].rstrip(")") for why in left))
+              + ", ".join(left))
     return 0
 
 
