@@ -170,6 +170,20 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _containers_mounting(path: str) -> list[str]:
+    """Containers (running or not) with a mount from under `path`: the container runner's steps."""
+    from farm.engine import Engine
+
+    engine = Engine.available()
+    if engine is None:
+        return []
+    ids = subprocess.run([engine.exe, "ps", "-a", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    if not ids:
+        return []
+    info = json.loads(subprocess.run([engine.exe, "inspect", *ids], capture_output=True, text=True, check=True).stdout)
+    return [c["Id"][:12] for c in info if any(m.get("Source", "").startswith(path) for m in c.get("Mounts") or [])]
+
+
 def _processes_mentioning(text: str) -> list[str]:
     found = []
     for entry in os.scandir("/proc"):
@@ -207,6 +221,7 @@ def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(farm, tm
     assert cells_of(rep)[PY312]["status"] == "interrupted" and cells_of(rep)[PY311]["status"] == "built"
     assert rep["exit_code"] == 130
     assert not _processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
+    assert not _containers_mounting(str(build / PY312)), "a container of the interrupted cell is left"
     assert not _processes_mentioning(f"--child {PY312}")
     assert [e["cell"] for e in manifest(house)] == [PY311]
     finished = wheel_stat(house, PY311)
