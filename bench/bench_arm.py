@@ -18,11 +18,9 @@ otherwise it says why and reports nothing.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from .figures import Figure
@@ -30,32 +28,6 @@ from .figures import Figure
 PROJECT = Path(__file__).resolve().parent.parent
 X86_CELL = "farm_demo-cu130-torch2.13-py311"
 ARM_CELL = X86_CELL + "-aarch64"
-
-
-def _process_start() -> float:
-    """Wall-clock start of this process (the bench run), from /proc."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
-
-
-def _record_from_this_run(cell: str, since: float) -> dict | None:
-    path = PROJECT / "build" / cell / "build.json"
-    try:
-        if path.stat().st_mtime < since:
-            return None
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("runner") != "container" or not record.get("steps", {}).get("compile"):
-        return None
-    cache = record.get("compiler_cache") or {}
-    hits = (cache.get("stats") or {}).get("hits", 0)
-    return record if not cache.get("enabled") or not hits else None
 
 
 def _build(cell: str, out: Path) -> dict:
@@ -90,14 +62,10 @@ def run() -> list[Figure]:
     if why:
         print(f"[bench] arm: skipped: {why}", file=sys.stderr)
         return []
-    since = _process_start()
     with tempfile.TemporaryDirectory(prefix="bench-arm-") as tmp:
-        x86 = _record_from_this_run(X86_CELL, since)
-        x86_note = "x86 record from this run"
-        if x86 is None:
-            x86, x86_note = _build(X86_CELL, Path(tmp) / "x86"), "x86 built here"
+        x86 = _build(X86_CELL, Path(tmp) / "x86")
         arm = _build(ARM_CELL, Path(tmp) / "arm")
-    note = f"{ARM_CELL} under qemu vs {X86_CELL} native, container runner, warm caches ({x86_note})"
+    note = f"{ARM_CELL} under qemu vs {X86_CELL} native, container runner, warm caches"
     return [
         Figure("arm: emulated/native compile step", arm["steps"]["compile"], x86["steps"]["compile"], note=note),
         Figure("arm: emulated/native whole build", arm["seconds"], x86["seconds"], note=note),

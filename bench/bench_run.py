@@ -35,6 +35,7 @@ def _full_manifest(house: Path) -> int:
     from farm.buildkey import KeyMaker
     from farm.plan import full_plan
     from farm.run import Contexts
+    from farm.wheelhouse import ManifestEntry
 
     plan = full_plan()
     keys = KeyMaker(plan.defaults, plan.recipes)
@@ -44,16 +45,14 @@ def _full_manifest(house: Path) -> int:
         py = cell.python.replace(".", "")
         plat = {"linux": "manylinux_2_34_x86_64", "linux_aarch64": "manylinux_2_34_aarch64",
                 "windows": "win_amd64"}[cell.platform]
-        file = f"{cell.recipe_name}-0.1.0+{cell.local_label}-cp{py}-cp{py}-{plat}.whl"
-        lines.append(json.dumps({
-            "op": "add", "file": file, "project": cell.recipe_name.replace("_", "-"), "name": cell.recipe_name,
-            "version": f"0.1.0+{cell.local_label}", "build_tag": None, "python_tag": f"cp{py}",
-            "abi_tag": f"cp{py}", "platform_tag": plat, "cuda": cell.cuda,
-            "torch": cell.torch if cell.links_torch else None, "platform": cell.platform,
-            "pythons": [cell.python], "size": 1, "sha256": "0" * 64, "metadata_sha256": "0" * 64,
-            "requires_python": None, "cell": cell.id, "build_key": keys.key(cell, contexts.for_platform(cell.platform)),
-            "arch_list": cell.arch.arch_list.torch(), "published": "2026-01-01T00:00:00Z", "host": "bench", "extra": {},
-        }, sort_keys=True, separators=(",", ":")))
+        version = f"0.1.0+{cell.local_label}"
+        lines.append(ManifestEntry(
+            file=f"{cell.recipe_name}-{version}-cp{py}-cp{py}-{plat}.whl", project=cell.recipe_name.replace("_", "-"),
+            name=cell.recipe_name, version=version, build_tag=None, python_tag=f"cp{py}", abi_tag=f"cp{py}",
+            platform_tag=plat, cuda=cell.cuda, torch=cell.torch if cell.links_torch else None,
+            platform=cell.platform, pythons=(cell.python,), size=1, sha256="0" * 64, metadata_sha256="0" * 64,
+            requires_python=None, cell=cell.id, build_key=contexts.key_of(keys, cell),
+            arch_list=cell.arch.arch_list.torch(), published="2026-01-01T00:00:00Z", host="bench").to_json())
     house.mkdir(parents=True, exist_ok=True)
     (house / "manifest.jsonl").write_text("\n".join(lines) + "\n")
     return len(lines)
