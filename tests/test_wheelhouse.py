@@ -217,8 +217,11 @@ def test_metadata_that_disagrees_with_the_file_name_is_refused(house, tmp_path):
 def test_a_published_name_never_takes_other_bytes_and_the_same_bytes_are_a_noop(house, tmp_path):
     w = make_wheel(tmp_path / "a")
     publish([w], house)
+    stamps = {p: p.stat().st_mtime_ns for p in house.rglob("*") if p.is_file() and p.name != ".lock"}
     again = publish([w], house)
     assert again.published == [] and [e.file for e in again.already] == [w.name]
+    assert again.pages == []   # every page was already right: none rewritten, none counted
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     other = make_wheel(tmp_path / "b", payload="x = 1\n")
     assert other.name == w.name
     with pytest.raises(PublishConflict, match="higher build number"):

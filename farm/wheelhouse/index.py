@@ -356,12 +356,12 @@ def assemble_packages(root: Path, lines: dict[str, list[str]], projects: Iterabl
 
 # ---------------------------------------------------------------- writing
 
-def write_files(root: Path, files: list[tuple[str, bytes]]) -> None:
+def write_files(root: Path, files: list[tuple[str, bytes]]) -> set[str]:
     """Atomic writes of many files: all to temporaries, fsynced together, then renamed in the given order.
 
     fsync is the cost of an index write (a journal commit each); issued from
     a thread pool they share commits, 10-30x faster than one after another.
-    A crash at any point leaves each file either old or new, never partial.
+    A crash at any point leaves each file either old or new, never partial. Returns the files replaced.
     """
     made: set[Path] = set()
     temps = []
@@ -381,6 +381,7 @@ def write_files(root: Path, files: list[tuple[str, bytes]]) -> None:
         os.replace(tmp, path)
         step(f"page {rel}")
     _parallel_fsync(sorted(made), files=False)
+    return {rel for _, _, rel in temps}
 
 
 def _same_bytes(path: Path, data: bytes) -> bool:
@@ -418,14 +419,14 @@ def _page_files(key: str, kind: str) -> list[str]:
     return [f"{key}/index.html"] + ([f"{key}/index.json"] if kind in ("root", "project") else [])
 
 
-def write_pages(root: Path, site: Site, keys: Iterable[str], extra: list[tuple[str, bytes]] = ()) -> int:
-    """Write the given pages (leaf pages before the roots that link them), then `extra` files."""
+def write_pages(root: Path, site: Site, keys: Iterable[str], extra: list[tuple[str, bytes]] = ()) -> set[str]:
+    """Write the given pages (leaf pages before the roots that link them), then `extra` files; returns
+    the files whose bytes changed."""
     files: list[tuple[str, bytes]] = []
     for key in sorted(keys, key=lambda k: (site.kind[k] in ("root", "compat-root"), k)):
         files.extend(site.render(key).items())
     files.extend(extra)
-    write_files(root, files)
-    return len(files)
+    return write_files(root, files)
 
 
 def remove_pages(root: Path, keys: Iterable[str], kinds: dict[str, str]) -> None:
@@ -440,7 +441,7 @@ def remove_pages(root: Path, keys: Iterable[str], kinds: dict[str, str]) -> None
 
 def update(root: Path, before: Site | None, after: Site, projects: Iterable[str] | None = None,
            fragment_of=None) -> list[str]:
-    """Regenerate only the pages whose listing changed; returns their keys.
+    """Regenerate only the pages whose listing changed; returns the keys of those whose bytes changed.
 
     `before` and `after` cover the same projects (all of them, or the ones a
     publish touched, with every root page). `projects`: every project in the
@@ -456,14 +457,14 @@ def update(root: Path, before: Site | None, after: Site, projects: Iterable[str]
         projects = sorted(fresh)
     packages = assemble_packages(root, after.house.lines, projects, fresh, fragment_of)
     extra = [(f"{PACKAGES_DIR}/{p}.json", data) for p, data in sorted(fresh.items())] + [(PACKAGES, packages)]
-    write_pages(root, after, changed, extra)
+    written = write_pages(root, after, changed, extra)
     stale = [k for k in old if k not in new]
     if stale:
         remove_pages(root, stale, before.kind)
     gone = {e.project for e in before.house.entries} - set(fresh) if before else set()
     for project in gone:
         (root / PACKAGES_DIR / f"{project}.json").unlink(missing_ok=True)
-    return sorted(changed)
+    return sorted(k for k in changed if any(f in written for f in _page_files(k, after.kind[k])))
 
 
 def existing_counts(root: Path) -> dict[str, int]:
