@@ -16,11 +16,11 @@ import os
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 from farmcli import run_farm
+from wheel_builder import demo_extension
 
 from farm import emulation
 from farm.errors import BadInput
@@ -162,19 +162,12 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
 
 
-def _extension(wheel: Path, dest: Path) -> Path:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if re.fullmatch(r"farm_demo/_C\..*\.so", n))
-        z.extract(name, dest)
-    return dest / name
-
-
 @pytest.mark.arm
 @pytest.mark.slow
 def test_emulated_build_makes_an_aarch64_wheel_with_exactly_the_arm_lane_archs(emulated_build, tmp_path):
     wheel, record, out, house = emulated_build
     assert re.fullmatch(r"farm_demo-0\.1\.0\+cu130torch2\.13-cp311-cp311-manylinux_2_34_aarch64\.whl", wheel.name)
-    so = _extension(wheel, tmp_path)
+    so = demo_extension(wheel, tmp_path)
     report = read_fatbin(so)
     assert report.machine == "EM_AARCH64"
     assert report.sass() == ARM_SASS        # sm_80 sm_90 sm_100 sm_110 (Thor) sm_120

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from wheel_builder import demo_extension
 
 from farm import environments as E
 from farm import toolkit as T
@@ -77,13 +78,6 @@ def cuobjdump(tmp_path_factory):
     return exe
 
 
-def _extension(wheel: Path, dest: Path) -> Path:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if re.fullmatch(r"farm_demo/_C\..*\.so", n))
-        z.extract(name, dest)
-    return dest / name
-
-
 def test_compile_environment_says_everything(compile_env, toolkit, torch_env):
     ce = compile_env
     assert ce["TORCH_CUDA_ARCH_LIST"] == ARCHS
@@ -105,7 +99,7 @@ def test_compile_environment_says_everything(compile_env, toolkit, torch_env):
 
 def test_demo_wheel_has_exactly_the_requested_sass_and_ptx(demo_wheel, cuobjdump):
     wheel, work = demo_wheel
-    so = _extension(wheel, work / "unpacked")
+    so = demo_extension(wheel, work / "unpacked")
     report = read_fatbin(so)
     assert report.sass() == {(75, ""), (80, ""), (86, ""), (90, ""), (100, ""), (120, "")}
     assert report.ptx() == {(90, ""), (120, "")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import subprocess
 import sys
 import sysconfig
@@ -127,3 +128,11 @@ def pack_ext_wheel(
             z.writestr(info, data)
         z.writestr(f"{di}/RECORD", record)
     return out
+
+
+def demo_extension(wheel: Path, dest: Path) -> Path:
+    """Extract farm_demo's compiled `_C` module from a built demo wheel into `dest`; its path."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if re.fullmatch(r"farm_demo/_C\..*\.so", n))
+        z.extract(name, dest)
+    return dest / name

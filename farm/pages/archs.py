@@ -10,10 +10,9 @@ Three sections, static HTML, every string escaped, no scripts:
 
 from __future__ import annotations
 
-from html import escape
-
 from ..platforms import PLATFORMS
 from ..versions import cuda_tag, vtuple
+from .matrix import _e
 
 SHORT = {"native": "N", "jit-only": "J", "unknown": "?", "dead": "\u2717"}
 _STYLE = """
@@ -28,10 +27,6 @@ thead th{position:sticky;top:0;background:#fafafa}
 .vertical{writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}
 nav a{margin-right:.8rem}
 """
-
-
-def _e(value) -> str:
-    return escape(str(value), quote=True)
 
 
 def _policy(defaults) -> list[str]:
