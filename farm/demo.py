@@ -26,11 +26,16 @@ class DemoFailed(FarmError):
     exit_code = 1
 
 
-def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhouse: Path | None = None,
+def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelhouse: Path | None = None,
              log=print) -> dict:
+    from packaging.utils import parse_wheel_filename
+
     from .fatbin import read_fatbin
+    from .plan import find_cell
+    from .wheelhouse import channel_root
     from .wheelhouse.serve import make_server
 
+    cell_id = cell_id or DEMO_CELL
     house = Path(wheelhouse or paths.wheelhouse_dir())
     result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log)
     access_log = paths.PROJECT_ROOT / "build" / "demo-access.log"
@@ -40,9 +45,9 @@ def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhous
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        cuda_tag, torch_tag = cell_id.split("-")[1:3]
-        channel = f"http://127.0.0.1:{port}/{cuda_tag}/{torch_tag}/"
-        version = result.wheel.name.split("-")[1]
+        cell = find_cell(cell_id)
+        channel = f"http://127.0.0.1:{port}/{channel_root(cell.cuda, cell.torch)}/"
+        version = parse_wheel_filename(result.wheel.name)[1]
         with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:
             target = Path(tmp) / "site"
             cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
@@ -54,10 +59,7 @@ def run_demo(cell_id: str = DEMO_CELL, runner_kind: str | None = None, wheelhous
             installed = next(target.glob("farm_demo-*.dist-info")).name
             modules = sorted(target.glob("farm_demo/_C*.so"))
             report = read_fatbin(modules[0])
-            sass = " ".join(sorted({f"sm_{e.sm}{e.variant}" for e in report.entries if e.kind == "SASS"},
-                                   key=lambda s: int(s[3:].rstrip("af"))))
-            ptx = " ".join(sorted({f"compute_{e.sm}" for e in report.entries if e.kind == "PTX"},
-                                  key=lambda s: int(s[8:])))
+            sass, ptx = " ".join(report.names("SASS")), " ".join(report.names("PTX"))
     finally:
         server.shutdown()
     log(f"installed {installed} from {channel} (server log: {access_log})")

@@ -99,6 +99,11 @@ class FatbinReport:
     def ptx(self) -> set[tuple[int, str]]:
         return {(e.sm, e.variant) for e in self.entries if e.kind == "PTX"}
 
+    def names(self, kind: str) -> list[str]:
+        """The entries of `kind` by cuobjdump's spelling, each once, by sm: ['sm_75', 'sm_90a', ...]."""
+        return [e.name for e in sorted({e.name: e for e in self.entries if e.kind == kind}.values(),
+                                       key=lambda e: (e.sm, e.variant))]
+
     def compressed(self) -> tuple[FatbinEntry, ...]:
         return tuple(e for e in self.entries if e.compression)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..runners import RUNNER_KINDS
+
 
 def register(sub) -> None:
     parser = sub.add_parser("demo", help="build farm_demo for a real cell, publish it, install it from the index")
-    parser.add_argument("--cell", default="farm_demo-cu130-torch2.13-py311")
-    parser.add_argument("--runner", choices=("container", "host"), help="default: container when an engine answers")
+    parser.add_argument("--cell", help="default: farm.demo.DEMO_CELL (farm_demo-cu130-torch2.13-py311)")
+    parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers")
     parser.add_argument("--wheelhouse", type=Path)
     parser.set_defaults(func=demo_command)
 
@@ -16,5 +18,5 @@ def register(sub) -> None:
 def demo_command(args) -> int:
     from ..demo import run_demo
 
-    run_demo(args.cell, args.runner, args.wheelhouse)
+    run_demo(args.cell or None, args.runner, args.wheelhouse)
     return 0
