@@ -48,7 +48,7 @@ farm: setup
 # The main job on its embedded default: build farm_demo for cu130/torch2.13/py3.11 (in a container
 # when an engine can be set up here, else on the host), publish it, serve the index, pip-install it.
 demo: setup
-	-sh scripts/setup-engine.sh
+	-$(MAKE) --no-print-directory setup-engine
 	$(BIN)/farm demo
 
 # Container engine (podman via the Docker CLI verbs) and debootstrap/qemu: idempotent, needs root.
