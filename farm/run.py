@@ -40,6 +40,7 @@ from . import paths
 from .emulation import cell_arch, is_emulated
 from .errors import FarmError
 from .plan import Filters, Plan, full_plan, in_shard
+from .run_report import iso_utc
 
 # Statuses of a cell in a run. Exit 0 needs every selected cell in OK_STATUSES.
 OK_STATUSES = ("built", "skipped", "up-to-date", "expected-fail")
@@ -99,7 +100,7 @@ class CellRun:
     def public(self) -> dict:
         d = asdict(self)
         for key in ("started", "finished"):
-            d[key] = _iso(d[key]) if d[key] else None
+            d[key] = iso_utc(d[key]) if d[key] else None
         return d
 
 
@@ -736,10 +737,6 @@ def _cache_summary(cache: dict | None) -> dict | None:
             "misses": stats.get("misses"), "hit_rate": stats.get("hit_rate")}
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # ---------------------------------------------------------------- the run
 
 def run_farm(options: RunOptions, *, out=None) -> RunResult:
@@ -759,12 +756,12 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
         for cell in sel.todo:
             display.line(f"would build {cell.id}" + (" (needed by another cell)" if cell.pulled_in else ""))
         result = RunResult(run_id, 0, sel.skipped + sel.todo, sel.unbuildable, seconds=time.time() - t0)
-        display.summary(result, sel)
+        display.summary(result)
         return result
     if not sel.todo:
         result = RunResult(run_id, 0, sel.skipped, sel.unbuildable, seconds=time.time() - t0)
         result.report_json, result.report_html = _Reporter(run_id, sel, options, sel.skipped, t0).write(final=result)
-        display.summary(result, sel)
+        display.summary(result)
         return result
 
     budget = options.mem_budget_gb if options.mem_budget_gb is not None else mem_available_gb()
@@ -793,7 +790,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     code = 130 if sched.interrupted else (0 if all(s in OK_STATUSES for s in statuses) else 1)
     result = RunResult(run_id, code, cells_all, sel.unbuildable, seconds=time.time() - t0)
     result.report_json, result.report_html = reporter.write(final=result)
-    display.summary(result, sel)
+    display.summary(result)
     return result
 
 

@@ -23,6 +23,11 @@ from pathlib import Path
 
 from .yamlio import write_atomic
 
+
+def iso_utc(ts: float) -> str:
+    """A timestamp as the reports write it: 2026-12-02T16:12:57Z."""
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 RUNS = "runs"
 DONE = ("built", "up-to-date")
 FAILED = ("failed", "oom", "blocked", "interrupted", "not-started")
@@ -176,7 +181,7 @@ class Display:
             self._live = None
 
     # ----- the end
-    def summary(self, result, sel) -> None:
+    def summary(self, result) -> None:
         counts = result.counts()
         rows = [c for c in result.cells if c.status not in ("skipped", "pending")]
         if rows:
@@ -249,8 +254,8 @@ def write_reports(house: Path, run_id: str, cells, unbuildable: dict, *, options
     counts = Counter(c.status for c in cells)
     report = {
         "run": run_id, "host": socket.gethostname(), "runner": runner,
-        "started": datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if result else None,
+        "started": iso_utc(started),
+        "finished": iso_utc(time.time()) if result else None,
         "seconds": round(result.seconds, 1) if result else round(time.time() - started, 1),
         "exit_code": result.exit_code if result else None,
         "options": _options(options), "counts": dict(counts),

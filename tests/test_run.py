@@ -383,7 +383,7 @@ def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
     del sched.running[BROKEN]
     display.event("finish", bad, sched)
     display.stop()
-    display.summary(RunResult("r", 1, [ok, bad], {"Windows cells on a non-Windows host": ["x-win"]}), None)
+    display.summary(RunResult("r", 1, [ok, bad], {"Windows cells on a non-Windows host": ["x-win"]}))
     text = stream.getvalue()
     assert "done 1  failed 1  expected-fail 0  skipped 1" in text
     assert re.search(rf"{BROKEN}\s*│\s*failed", text) and "1*" in text          # clamped max_jobs is marked
