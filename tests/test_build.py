@@ -7,6 +7,7 @@ below fails before or at the compile and must leave no wheel.
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import http.server
 import io
@@ -21,38 +22,24 @@ from pathlib import Path
 
 import pytest
 from farmcli import PROJECT, run_farm
+from wheel_builder import demo_extension
 
 from farm.fatbin import read_fatbin
+from farm.label import read_wheel_metadata
 
 CELL = "farm_demo-cu130-torch2.13-py311"
 EXPECTED_SASS = {75, 80, 86, 90, 100, 120}
 EXPECTED_PTX = {90, 120}
 
 
-def wheel_contents(wheel: Path) -> tuple[dict, list[str], Path]:
-    """(METADATA fields, member names, the extracted extension module)."""
-    with zipfile.ZipFile(wheel) as zf:
-        names = zf.namelist()
-        meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
-        meta = zf.read(meta_name).decode()
-        so_name = next(n for n in names if n.startswith("farm_demo/_C") and n.endswith(".so"))
-        target = wheel.parent / "extracted" / Path(so_name).name
-        target.parent.mkdir(exist_ok=True)
-        target.write_bytes(zf.read(so_name))
-    fields: dict = {}
-    for line in meta.splitlines():
-        if ": " in line:
-            key, value = line.split(": ", 1)
-            fields.setdefault(key, []).append(value)
-    return fields, names, target
-
-
 def check_demo_wheel(wheel: Path, plat_tag: str) -> None:
     assert wheel.name == f"farm_demo-0.1.0+cu130torch2.13-cp311-cp311-{plat_tag}.whl"
-    fields, names, module = wheel_contents(wheel)
-    assert fields["Version"] == ["0.1.0+cu130torch2.13"]
-    assert fields.get("Requires-Dist") == ["numpy"]
-    report = read_fatbin(module)
+    meta = email.parser.Parser().parsestr(read_wheel_metadata(wheel)[0])
+    assert meta.get_all("Version") == ["0.1.0+cu130torch2.13"]
+    assert meta.get_all("Requires-Dist") == ["numpy"]
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    report = read_fatbin(demo_extension(wheel, wheel.parent / "extracted"))
     assert {e.sm for e in report.entries if e.kind == "SASS" and not e.variant} == EXPECTED_SASS
     assert {e.sm for e in report.entries if e.kind == "PTX"} == EXPECTED_PTX
     assert not any(e.variant for e in report.entries)
