@@ -41,11 +41,7 @@ def find_data(defaults, grid, recipes: dict | None = None) -> dict:
     def verdict_rows(recipe) -> tuple[list[str], list[list[int]]]:
         codes = [NOT_BUILT * len(devices)] * len(all_channels)
         why = [[] for _ in all_channels]
-        try:
-            served = channels(defaults, grid, None, recipe)
-        except FarmError:
-            served = []
-        for c in served:
+        for c in channels(defaults, grid, None, recipe):
             i = index[(c.cuda, c.torch, c.platform)]
             row, rs = [], []
             for d in devices:
