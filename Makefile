@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The emulated aarch64 builds (marker `arm`) take too long for CI: `make test-arm` runs them.
-test: setup
+# The container tests need an engine: setup-engine installs podman on a fresh machine.
+test: setup setup-engine
 	$(BIN)/python -m pytest -q -m "not arm" tests
 
 lint: setup
