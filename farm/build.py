@@ -21,7 +21,7 @@ from . import __version__, images, paths
 from .buildkey import KeyMaker, context_for
 from .emulation import is_emulated
 from .errors import FarmError
-from .plan import find_cell, full_plan
+from .plan import cell_plan
 from .recipes import Recipe
 from .yamlio import load_yaml, write_atomic
 
@@ -100,8 +100,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     from .runners import get_runner
 
     started = time.time()
-    plan = full_plan()
-    cell = find_cell(cell_id, plan)
+    cell, plan = cell_plan(cell_id)
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
     arch = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"

@@ -50,7 +50,9 @@ class Plan:
         return [c for c in self.cells if filters.match(c)]
 
 
-def full_plan(defaults=None, recipes=None, grid=None, pcwm=None) -> Plan:
+def full_plan(defaults=None, recipes=None, grid=None, pcwm=None, cells_of: Iterable[str] | None = None) -> Plan:
+    """Every cell of every recipe; `cells_of` names the only recipes whose cells are derived (the
+    plan still holds every recipe: build keys read the recipes a cell depends on)."""
     from .grid import load_grid, load_pcwm
     from .recipes import load_recipes
 
@@ -61,14 +63,33 @@ def full_plan(defaults=None, recipes=None, grid=None, pcwm=None) -> Plan:
     shared: dict = {}   # policy resolutions, shared by every recipe without arch overrides
     cells: list[Cell] = []
     for name in sorted(recipes):
+        if cells_of is not None and name not in cells_of:
+            continue
         recipe = recipes[name]
         cells += recipe_cells(recipe, defaults, grid, pcwm, shared if recipe.arch == NO_OVERRIDES else {})
     return Plan(tuple(cells), recipes, defaults)
 
 
+def cell_plan(cell_id: str) -> tuple[Cell, Plan]:
+    """A cell by id and a plan holding only its recipe's cells: what one build needs. A child of
+    `farm run` builds one cell, and deriving the whole grid for it cost half a second per cell."""
+    from .recipes import load_recipes
+
+    defaults = load_defaults()
+    recipes = load_recipes(defaults=defaults)
+    owners = [name for name in recipes if cell_id.startswith(name + "-")]
+    plan = full_plan(defaults, recipes, cells_of=owners)
+    cell = plan.by_id().get(cell_id)
+    if cell is not None:
+        return cell, plan
+    plan = full_plan(defaults, recipes)   # for the nearest ids of the error
+    return find_cell(cell_id, plan), plan
+
+
 def find_cell(cell_id: str, plan: Plan | None = None) -> Cell:
     """A cell by id, or a one-line error with the nearest ids."""
-    plan = plan or full_plan()
+    if plan is None:
+        return cell_plan(cell_id)[0]
     cells = plan.by_id()
     if cell_id in cells:
         return cells[cell_id]

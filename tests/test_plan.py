@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from farmcli import PROJECT, run_farm
 
-from farm.buildkey import KeyMaker
+from farm.buildkey import BuildContext, KeyMaker
+from farm.errors import BadInput
 from farm.grid import load_grid
-from farm.plan import full_plan, in_shard, shard_of
+from farm.plan import cell_plan, full_plan, in_shard, shard_of
 from farm.policy import load_defaults
 from farm.recipes import load_recipes
 
@@ -190,3 +191,16 @@ def test_nox_tags_and_keywords_select(plan):
     assert cu130 == {f"build-{c.id}" for c in plan.cells if c.cuda == "13.0"}
     arm = {line.split()[1] for line in nox("-l", "-k", "aarch64").splitlines() if line.startswith("* build-")}
     assert arm == {f"build-{c.id}" for c in plan.cells if c.platform == "linux_aarch64"}
+
+
+def test_one_cells_plan_derives_only_its_recipes_cells_and_keys_it_as_the_full_plan():
+    full = full_plan()
+    wanted = next(c for c in full.cells if c.recipe_name == "torch_scatter")
+    cell, plan = cell_plan(wanted.id)
+    assert cell == wanted and set(plan.recipes) == set(full.recipes)
+    assert {c.recipe_name for c in plan.cells} == {"torch_scatter"}
+    assert len(plan.cells) == sum(1 for c in full.cells if c.recipe_name == "torch_scatter")
+    ctx = BuildContext(runner="host", image="host", plat_tag="")
+    assert KeyMaker(plan.defaults, plan.recipes).key(cell, ctx) == KeyMaker(full.defaults, full.recipes).key(wanted, ctx)
+    with pytest.raises(BadInput, match="did you mean"):
+        cell_plan(wanted.id.replace("torch_scatter", "torch_scater"))
