@@ -10,7 +10,8 @@ auditwheel still grafts (its `<pkg>.libs/` folder) must be named by the
 recipe's allow-list, which is empty by default.
 
 Platform tag: the image decides (its recorded tag, passed as `floor_plat`); the
-host runner passes nothing and gets the lowest tag `auditwheel show` allows.
+host runner passes nothing and gets the lowest tag the wheel allows here
+(`--plat auto`, what `auditwheel show` reports).
 A requested tag older than the image's glibc, or than what the wheel's
 versioned symbols need, is refused in one line. `pure` and Windows wheels are
 returned untouched.
@@ -181,11 +182,6 @@ def show(wheel: Path) -> dict:
     return data
 
 
-def lowest_plat(wheel: Path) -> str:
-    """The lowest (oldest-glibc) tag the wheel's versioned symbols allow on this host."""
-    return show(wheel)["sym_tag"]
-
-
 def _libs_entries(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as z:
         return {n for n in z.namelist() if n.split("/", 1)[0].endswith(".libs") and not n.endswith("/")}
@@ -227,11 +223,11 @@ def repair_wheel(
         return RepairResult(wheel, False, reason=repair_note())
     arch = _wheel_arch(wplat)
 
-    info = show(wheel)
-    if info.get("pure"):
+    if not _has_elf(wheel):
         return RepairResult(wheel, False, reason="no ELF files: nothing to repair")
-    needs = info["sym_tag"]
-    target = _choose_plat(plat, floor_plat, needs, arch)
+    # No `auditwheel show` first (half a second per cell): the image's tag or --plat is checked by
+    # repair itself, and with neither `--plat auto` is the lowest tag the wheel allows here.
+    target = _choose_plat(plat, floor_plat, arch) if plat or floor_plat else "auto"
 
     excluded = exclusions(torch_site_packages, extra_exclude)
     before = _libs_entries(wheel)
@@ -243,16 +239,22 @@ def repair_wheel(
             args += ["--exclude", pattern]
         proc = _auditwheel([*args, str(wheel)])
         if proc.returncode != 0:
+            if "too-recent versioned symbols" in proc.stderr:
+                needs = show(wheel)["sym_tag"]
+                raise BadInput("--plat" if plat else "image platform tag", None, plat or floor_plat,
+                               f"the wheel's versioned symbols need {needs}")
             raise RepairError(f"auditwheel repair {wheel.name}: {_last_line(proc.stderr)}")
         made = list(scratch.glob("*.whl"))
         if len(made) != 1:
             raise RepairError(f"auditwheel repair {wheel.name}: expected one repaired wheel, found {len(made)}")
         repaired = made[0]
+        tags = _wheel_parts(repaired.name)[2].split(".")   # e.g. manylinux_2_5_x86_64.manylinux1_x86_64
+        target = next((t for t in tags if t.startswith("manylinux_")), tags[0])
         new_libs = sorted(Path(n).name for n in _libs_entries(repaired) - before)
         grafted = [unmangle(n) for n in new_libs]
         refused = [g for g in grafted if not any(fnmatch.fnmatch(g, pat) for pat in allow_graft)]
         if refused:
-            origins = info.get("external_libs") or {}
+            origins = show(wheel).get("external_libs") or {}
             shown = ", ".join(f"{g} (from {origins[g]})" if origins.get(g) else g for g in refused)
             raise RepairError(
                 f"{wheel.name}: auditwheel grafted {shown}, which the recipe's allow-list does not name; "
@@ -337,7 +339,18 @@ def _set_rpath(data: bytes, keep: list[str]) -> bytes:
         return so.read_bytes()
 
 
-def _choose_plat(plat: str | None, floor_plat: str | None, needs: str, arch: str) -> str:
+def _has_elf(wheel: Path) -> bool:
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if not info.is_dir():
+                with zf.open(info) as member:
+                    if member.read(4) == b"\x7fELF":
+                        return True
+    return False
+
+
+def _choose_plat(plat: str | None, floor_plat: str | None, arch: str) -> str:
+    """The tag asked for (--plat) within the image's floor, else the image's tag."""
     def parse(tag: str, what: str) -> str:
         try:
             return full_plat(tag, arch)
@@ -346,14 +359,11 @@ def _choose_plat(plat: str | None, floor_plat: str | None, needs: str, arch: str
 
     floor = parse(floor_plat, "image platform tag") if floor_plat else None
     if plat is None:
-        target = floor or needs
+        return floor
     else:
         target = parse(plat, "--plat")
         if floor and plat_glibc(target) < plat_glibc(floor):
             raise BadInput("--plat", None, plat,
                            f"older than the build image's glibc ({floor}); a {target} wheel needs a build "
                            f"image with that glibc (production: the manylinux images)")
-    if needs.startswith("manylinux") and plat_glibc(target) < plat_glibc(needs):
-        raise BadInput("--plat" if plat else "image platform tag", None, plat or floor_plat,
-                       f"the wheel's versioned symbols need {needs}")
     return target
