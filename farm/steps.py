@@ -50,6 +50,8 @@ class Steps:
         self.torch_env = None
         self.toolkit = None
         self.compiler_cache: dict = {}
+        self.phases: list[str] = []
+        self.import_child = None          # verify's child, started early (see _start_import_child)
 
     # ----- 1. source ------------------------------------------------------------
 
@@ -123,6 +125,7 @@ class Steps:
     def compile(self) -> dict:
         from .compile import compile_wheel
 
+        self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
         env = self._compile_env(exported)
         raw = self.out / "raw"
@@ -139,6 +142,17 @@ class Steps:
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
         return {"wheel": str(wheel), "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
                 "compiler_cache": cache, "peak_process_mb": peak_mb}
+
+    def _start_import_child(self) -> None:
+        """The verify step's import check imports torch first: started now, that import runs beside the
+        compile instead of after the repair (about 2.5 s of every cell). Costs one idle interpreter
+        holding torch (~0.6 GB) while the compile runs. Not when verify would not use it."""
+        from .recipes import verify_from_mapping
+        from .verify import ImportChild
+
+        knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
+        if "verify" in self.phases and not knobs.skip_import and not knobs.needs_driver and self.torch_env:
+            self.import_child = ImportChild.for_environment(self.torch_env.path, self.cell["links_torch"])
 
     # ----- 5. label --------------------------------------------------------------
 
@@ -182,7 +196,8 @@ class Steps:
         exp = Expectation.for_cell(cell, knobs=knobs, requires_dist=self.recipe["requires_dist"],
                                    version=self.recipe.get("version"),
                                    platform_tag=self.state["repair"].get("plat_tag"))
-        report = verify_wheel(repaired, exp, torch_env=self.torch_env.path)
+        child, self.import_child = self.import_child, None
+        report = verify_wheel(repaired, exp, torch_env=self.torch_env.path, import_child=child)
         report.write(self.out / "verify.json")
         if not report.passed:
             failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
@@ -241,22 +256,27 @@ def run(phases: list[str], spec_path: Path) -> int:
         print(f"[farm.steps] {message}", flush=True)
 
     steps = Steps(spec, log)
+    steps.phases = phases
     methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})
-    for phase in phases:
-        log(f"{phase}: start")
-        t0 = time.monotonic()
-        try:
-            steps.state[phase] = methods[phase]()
-        except FarmError as exc:
-            steps.state.setdefault("failed", {})[phase] = str(exc)
+    try:
+        for phase in phases:
+            log(f"{phase}: start")
+            t0 = time.monotonic()
+            try:
+                steps.state[phase] = methods[phase]()
+            except FarmError as exc:
+                steps.state.setdefault("failed", {})[phase] = str(exc)
+                _write_state(out, steps.state)
+                print(f"farm.steps: {phase}: {exc}", file=sys.stderr, flush=True)
+                return exc.exit_code or 1
+            timings[phase] = round(time.monotonic() - t0, 2)
             _write_state(out, steps.state)
-            print(f"farm.steps: {phase}: {exc}", file=sys.stderr, flush=True)
-            return exc.exit_code or 1
-        timings[phase] = round(time.monotonic() - t0, 2)
-        _write_state(out, steps.state)
-        log(f"{phase}: done in {timings[phase]}s")
+            log(f"{phase}: done in {timings[phase]}s")
+    finally:
+        if steps.import_child is not None:   # a step failed before verify used it
+            steps.import_child.close()
     return 0
 
 

@@ -646,16 +646,21 @@ class _TorchEnv:
     python: Path
     torch_dir: Path | None
 
-    @classmethod
-    def locate(cls, where: Path) -> _TorchEnv:
+    @staticmethod
+    def python_of(where: Path) -> Path:
+        """The interpreter of an environment (a venv or prefix), or `where` itself when it is one."""
         where = Path(where)
         if where.is_file():
-            python = where
-        else:
-            python = next((p for p in (where / "bin" / "python", where / "bin" / "python3",
-                                       where / "Scripts" / "python.exe", where / "python.exe") if p.exists()), None)
+            return where
+        python = next((p for p in (where / "bin" / "python", where / "bin" / "python3",
+                                   where / "Scripts" / "python.exe", where / "python.exe") if p.exists()), None)
         if python is None:
             raise GateCannotRun(f"{where}: no Python interpreter in this torch environment (bin/python)")
+        return python
+
+    @classmethod
+    def locate(cls, where: Path) -> _TorchEnv:
+        python = cls.python_of(where)
         probe = subprocess.run(
             [str(python), "-c", "import importlib.util as u; s = u.find_spec('torch'); "
                                 "print(list(s.submodule_search_locations)[0] if s else '')"],
@@ -719,20 +724,27 @@ def _no_direct(member: str, module: str, patterns: Iterable[str]) -> bool:
 
 
 _CHILD = r"""
-import importlib, json, sys, traceback
-plan = json.loads(sys.argv[1])
+import importlib, json, os, sys
 def say(**kw):
     sys.stdout.write("FARM-IMPORT " + json.dumps(kw) + "\n"); sys.stdout.flush()
-mods = (["torch"] if plan["torch"] else []) + plan["modules"]
-for m in mods:
+def load(m):
     say(event="begin", module=m)
     try:
         importlib.import_module(m)
         say(event="ok", module=m)
+        return True
     except BaseException as exc:
         say(event="error", module=m, error=f"{type(exc).__name__}: {exc}")
-        if m == "torch":
-            sys.exit(3)
+        return False
+if json.loads(sys.argv[1])["torch"] and not load("torch"):
+    sys.exit(3)
+line = sys.stdin.readline()   # the plan arrives once the wheel is installed
+if not line:
+    sys.exit(0)
+plan = json.loads(line)
+sys.path.insert(0, plan["path"])
+for m in plan["modules"]:
+    load(m)
 for op in plan["ops"]:
     ns, _, name = op.replace(".", "::", 1).partition("::")
     import torch
@@ -741,7 +753,53 @@ for op in plan["ops"]:
         say(event="op", module=op, ok=True)
     except BaseException as exc:
         say(event="op", module=op, ok=False, error=f"{type(exc).__name__}: {exc}")
+say(event="done", module="")
+sys.stderr.flush()
+# Everything is reported: skip the interpreter's teardown, which takes ~0.7 s once torch is loaded
+# and checks nothing the gate asks. A crash during an import still shows (no "done", a signal).
+os._exit(0)
 """
+
+
+class ImportChild:
+    """The import check's child process: the cell's interpreter, CUDA_VISIBLE_DEVICES='', an empty
+    working folder; it imports torch first (torch-linked wheels only), then waits on stdin for the
+    installed target and the modules to import.
+
+    farm.steps starts it with the compile step, before the wheel exists, so torch's 2-3 s import
+    runs beside the compile, label and repair instead of after them. The check is the same either
+    way: a fresh process holding nothing but torch imports the wheel's modules.
+    """
+
+    @classmethod
+    def for_environment(cls, where: Path, import_torch: bool) -> ImportChild:
+        return cls(_TorchEnv.python_of(where), import_torch)
+
+    def __init__(self, python: Path, import_torch: bool, library_path: Path | None = None):
+        self.python, self.import_torch = Path(python), import_torch
+        self.cwd = Path(tempfile.mkdtemp(prefix="farm-import-"))
+        env = _child_env_base()
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        if library_path is not None:   # read by the loader at start: it cannot be added later
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(library_path), env.get("LD_LIBRARY_PATH")]))
+        self.proc = subprocess.Popen([str(self.python), "-c", _CHILD, json.dumps({"torch": import_torch})],
+                                     cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def run(self, target: Path, modules: list[str], ops: list[str], timeout: float) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) once the child has imported `modules` from `target`."""
+        plan = {"path": str(target), "modules": modules, "ops": ops}
+        try:
+            out, err = self.proc.communicate(json.dumps(plan) + "\n", timeout=timeout)
+        finally:
+            self.close()
+        return self.proc.returncode, out, err
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        shutil.rmtree(self.cwd, ignore_errors=True)
 
 
 def _python_version(python: Path) -> tuple[int, int]:
@@ -798,7 +856,31 @@ def libcuda_stub_dir(w: _Wheel) -> Path:
     return d
 
 
-def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, python: Path | None) -> CheckResult:
+def install_into(wheel: Path, target: Path, python: Path) -> str | None:
+    """Install `wheel` without its dependencies into the folder `target` (what `pip install --no-deps
+    --target` does), with pypa's `installer`, the reference wheel installer, in this process: pip
+    would cost a second interpreter and ~0.8 s per cell (it probes rustc and lsb_release for its
+    user agent). None on success, else the reason."""
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.exceptions import InstallerError
+    from installer.sources import WheelFile
+
+    scheme = {"purelib": target, "platlib": target, "headers": target / "include", "scripts": target / "bin",
+              "data": target}
+    destination = SchemeDictionaryDestination({k: str(v) for k, v in scheme.items()}, interpreter=str(python),
+                                              script_kind="win-amd64" if os.name == "nt" else "posix")
+    try:
+        with WheelFile.open(wheel) as source:
+            install(source, destination, additional_metadata={"INSTALLER": b"farm-verify\n"})
+    except (InstallerError, ValueError, OSError, zipfile.BadZipFile) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, python: Path | None,
+                 started: ImportChild | None = None) -> CheckResult:
+    """SPEC 9.7. `started`: a child started earlier (see ImportChild), used when it fits this check."""
     knobs = exp.knobs
     if knobs.skip_import:
         reason = knobs.skip_import if isinstance(knobs.skip_import, str) else "verify.skip_import"
@@ -816,12 +898,9 @@ def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, pytho
         raise GateCannotRun(f"{python}: no torch in this environment")
 
     target = w.workdir / "target"
-    pip = subprocess.run([str(python), "-m", "pip", "install", "--isolated", "--no-deps", "--no-index",
-                          "--no-compile", "--disable-pip-version-check", "--target", str(target), str(w.path)],
-                         capture_output=True, text=True, env=_child_env_base())
-    if pip.returncode != 0:
-        tail = " | ".join(ln for ln in pip.stderr.strip().splitlines()[-3:])
-        return CheckResult("import", "fail", f"pip install --no-deps --target failed: {tail}")
+    installed = install_into(w.path, target, python)
+    if installed:
+        return CheckResult("import", "fail", f"installing the wheel into a target folder failed: {installed}")
 
     modules: list[str] = []
     for name in list(knobs.import_names or _top_level(w)) + list(knobs.extra_imports):
@@ -837,25 +916,20 @@ def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, pytho
         else:
             modules.append(mod)
 
-    env = _child_env_base()
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = str(target)
-    if knobs.needs_driver:
-        stub = libcuda_stub_dir(w)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(stub), env.get("LD_LIBRARY_PATH")]))
-    cwd = w.workdir / "cwd"
-    cwd.mkdir(exist_ok=True)
-    plan = {"torch": exp.links_torch, "modules": modules, "ops": list(knobs.expect_ops)}
+    stub = libcuda_stub_dir(w) if knobs.needs_driver else None
+    child = started
+    if child is None or child.python != python or child.import_torch != exp.links_torch or stub is not None:
+        child = ImportChild(python, exp.links_torch, library_path=stub)
+    ops = list(knobs.expect_ops)
     try:
-        child = subprocess.run([str(python), "-c", _CHILD, json.dumps(plan)], cwd=cwd, env=env,
-                               capture_output=True, text=True, timeout=IMPORT_TIMEOUT)
+        returncode, stdout, stderr = child.run(target, modules, ops, IMPORT_TIMEOUT)
     except subprocess.TimeoutExpired:
         return CheckResult("import", "fail", f"imports did not finish in {IMPORT_TIMEOUT}s",
                            {"modules": modules})
-    events = [json.loads(ln[len("FARM-IMPORT "):]) for ln in child.stdout.splitlines()
+    events = [json.loads(ln[len("FARM-IMPORT "):]) for ln in stdout.splitlines()
               if ln.startswith("FARM-IMPORT ")]
     details = {"python": str(python), "modules": modules, "not_imported_directly": skipped,
-               "events": events, "stderr_tail": child.stderr.strip().splitlines()[-10:]}
+               "events": events, "stderr_tail": stderr.strip().splitlines()[-10:]}
     torch_error = next((e["error"] for e in events if e["module"] == "torch" and e["event"] == "error"), None)
     if torch_error:
         raise GateCannotRun(f"torch does not import in {python}: {torch_error}")
@@ -869,13 +943,13 @@ def check_import(w: _Wheel, exp: Expectation, torch_env: _TorchEnv | None, pytho
                 problems.append(f"import {e['module']} failed: {e['error']}")
         elif e["event"] == "op" and not e["ok"]:
             problems.append(f"expected op {e['module']} is not registered: {e.get('error', '')}")
-    if child.returncode < 0 or (child.returncode != 0 and not problems):
+    if returncode < 0 or (returncode != 0 and not problems):
         begun = [e["module"] for e in events if e["event"] == "begin"]
         last = begun[-1] if begun else "(before any import)"
         try:
-            sig = signal.Signals(-child.returncode).name
+            sig = signal.Signals(-returncode).name
         except ValueError:
-            sig = f"exit {child.returncode}"
+            sig = f"exit {returncode}"
         hint = (" (twin modules that register the same ops abort the process: list them in "
                 "verify.no_direct_import)" if len(begun) > 1 else "")
         problems.append(f"importing {last} killed the child process ({sig}){hint}")
@@ -899,14 +973,24 @@ def _forgiven(expect: bool | str, error: str) -> bool:
 # ---------------------------------------------------------------- the gate
 
 def verify_wheel(path: Path | str, expectation: Expectation, *, torch_env: Path | None = None,
-                 skip_import: bool = False, python: Path | None = None) -> Report:
+                 skip_import: bool = False, python: Path | None = None,
+                 import_child: ImportChild | None = None) -> Report:
     """Run every check of SPEC 9 on one wheel. Raises GateCannotRun when the gate cannot judge.
 
     torch_env: the cell's torch environment (a venv/prefix or its python); it supplies the
     interpreter of the import check and the exact sonames torch provides for the ELF check.
     python: the interpreter for torch-free wheels when no torch_env is given (default: this one).
+    import_child: started before the wheel existed (farm.steps); closed here whether used or not.
     """
-    path = Path(path)
+    try:
+        return _verify_wheel(Path(path), expectation, torch_env, skip_import, python, import_child)
+    finally:
+        if import_child is not None:
+            import_child.close()
+
+
+def _verify_wheel(path: Path, expectation: Expectation, torch_env: Path | None, skip_import: bool,
+                  python: Path | None, import_child: ImportChild | None) -> Report:
     if not path.is_file():
         raise GateCannotRun(f"{path}: no such wheel file")
     env = _TorchEnv.locate(torch_env) if torch_env is not None else None
@@ -933,7 +1017,7 @@ def verify_wheel(path: Path | str, expectation: Expectation, *, torch_env: Path 
             elif not report.passed:
                 report.checks.append(CheckResult("import", "skip", f"not run: {', '.join(report.failed)} failed"))
             else:
-                report.checks.append(check_import(w, expectation, env, python))
+                report.checks.append(check_import(w, expectation, env, python, import_child))
         finally:
             if w.zip is not None:
                 w.zip.close()
@@ -980,12 +1064,11 @@ def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | N
 def cell_expectation(cell_id: str) -> Expectation:
     """What a cell of the plan promises (farm verify --cell): its label, tags, arch list and recipe knobs."""
     try:
-        from .plan import find_cell, full_plan
+        from .plan import cell_plan
     except ImportError as exc:
         raise GateCannotRun(f"--cell {cell_id}: the planner is not available ({exc}); "
                             f"use --arch-list and --platform") from None
-    plan = full_plan()
-    cell = find_cell(cell_id, plan)
+    cell, plan = cell_plan(cell_id)
     recipe = plan.recipes.get(cell.recipe_name)
     if recipe is None:
         raise GateCannotRun(f"--cell {cell_id}: no recipe {cell.recipe_name}")

@@ -241,3 +241,16 @@ def test_setup_py_opening_a_socket_fails_the_compile(recipes, tmp_path, runner):
     assert "farm-test: network blocked during compile" in log
     assert "the network was reachable" not in log
     assert not list(out.rglob("*.whl"))
+    assert not import_check_children(), "the import check's early child outlived the failed compile"
+
+
+def import_check_children() -> list[int]:
+    """Processes running farm.verify's import child (started with the compile step)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"FARM-IMPORT " in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found

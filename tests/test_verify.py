@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from farmcli import run_farm
@@ -33,7 +34,15 @@ from wheel_factory import (
 
 from farm.archlist import ArchList
 from farm.recipes import AllowedMissing
-from farm.verify import CHECKS, Expectation, GateCannotRun, VerifyKnobs, verify_wheel
+from farm.verify import (
+    CHECKS,
+    Expectation,
+    GateCannotRun,
+    ImportChild,
+    VerifyKnobs,
+    install_into,
+    verify_wheel,
+)
 
 INIT = b"from . import _probe\n"
 
@@ -350,6 +359,45 @@ def test_torch_linked_wheel_imports_after_torch_and_its_ops_are_checked(tmp_path
     missing_op = expect("8.0 8.9+PTX", local_label="cu130torch2.13", links_torch=True,
                         knobs=VerifyKnobs(expect_ops=("farm_probe::thrice",)))
     failed_only(verify_wheel(wheel, missing_op, torch_env=torch_env), "import", "farm_probe::thrice")
+
+
+@pytest.mark.slow
+def test_an_import_child_started_before_the_wheel_gives_the_same_verdict(tmp_path, mod, torch_env):
+    """farm.steps starts the import check's child with the compile (torch imports beside it)."""
+    wheel = probe_wheel(tmp_path, mod["8.0"], version="1.0+cu130torch2.13")
+    promised = expect("8.0", local_label="cu130torch2.13", links_torch=True)
+    early = ImportChild.for_environment(torch_env, import_torch=True)
+    report = verify_wheel(wheel, promised, torch_env=torch_env, import_child=early)
+    assert report.passed, report.lines()
+    events = report.check("import").details["events"]
+    assert [(e["event"], e["module"]) for e in events if e["event"] != "begin"] == [
+        ("ok", "torch"), ("ok", "probe"), ("ok", "probe._probe"), ("done", "")]
+    assert early.proc.returncode == 0 and not early.cwd.exists()
+    # a child that does not fit the check (no torch imported first) is not used, and is closed
+    unfit = ImportChild.for_environment(torch_env, import_torch=False)
+    again = verify_wheel(wheel, promised, torch_env=torch_env, import_child=unfit)
+    assert again.passed and again.check("import").details["events"][1] == {"event": "ok", "module": "torch"}
+    assert unfit.proc.returncode is not None and not unfit.cwd.exists()
+    # and a broken module still fails through an early child
+    broken = probe_wheel(tmp_path / "broken", mod["8.0"], version="1.0+cu130torch2.13",
+                         extra={"probe/__init__.py": b"raise ImportError('the probe is broken')\n"})
+    failed_only(verify_wheel(broken, promised, torch_env=torch_env,
+                             import_child=ImportChild.for_environment(torch_env, import_torch=True)),
+                "import", "the probe is broken")
+
+
+def test_install_into_spreads_the_data_folders_like_pip_target(tmp_path):
+    files = {"pkg/__init__.py": b"", "pkg-1.0.data/purelib/extra_mod.py": b"X = 1\n",
+             "pkg-1.0.data/scripts/pkg-tool": b"#!python\nprint('hi')\n"}
+    wheel = make_wheel(tmp_path, "pkg", "1.0", files)
+    target = tmp_path / "target"
+    assert install_into(wheel, target, Path(sys.executable)) is None
+    assert (target / "pkg" / "__init__.py").is_file() and (target / "extra_mod.py").read_text() == "X = 1\n"
+    assert (target / "bin" / "pkg-tool").read_text().startswith(f"#!{sys.executable}")
+    assert (target / "pkg-1.0.dist-info" / "INSTALLER").read_text() == "farm-verify\n"
+    not_a_wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    not_a_wheel.write_bytes(b"not a zip")
+    assert "BadZipFile" in install_into(not_a_wheel, tmp_path / "t2", Path(sys.executable))
 
 
 @pytest.mark.slow
