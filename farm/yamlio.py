@@ -11,6 +11,9 @@ import yaml
 from .errors import BadInput
 from .paths import display
 
+# libyaml's parser when PyYAML has it (its wheels do): ~5x faster on the recipes every process reads.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def load_yaml(path: Path) -> object:
     try:
@@ -18,7 +21,7 @@ def load_yaml(path: Path) -> object:
     except FileNotFoundError:
         raise BadInput(display(path), None, None, "file not found") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{display(path)}:{mark.line + 1}:{mark.column + 1}" if mark else display(path)
