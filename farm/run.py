@@ -26,6 +26,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import select as io_select
 import signal
 import subprocess
 import sys
@@ -489,6 +490,7 @@ class _Job:
     result_path: Path
     out_path: Path
     emulated: bool
+    exit_fd: int | None = None   # a pidfd: readable once the child has exited (see Scheduler._pause)
 
 
 class Scheduler:
@@ -528,9 +530,18 @@ class Scheduler:
             self._admit()
             self._sample()
             self.events("tick", None)
-            time.sleep(0.2)
+            self._pause(0.2)
         for cell in self.pending:   # only an interrupt leaves cells pending
             cell.status = "not-started"
+
+    def _pause(self, seconds: float) -> None:
+        """Up to `seconds`, or until a child exits: its cell's time ends when it ends, and the next
+        cell starts at once."""
+        fds = [j.exit_fd for j in self.running.values() if j.exit_fd is not None]
+        if fds:
+            io_select.select(fds, [], [], seconds)
+        else:
+            time.sleep(seconds)
 
     # -- admission
     def _deps_state(self, cell: CellRun) -> str:
@@ -595,7 +606,11 @@ class Scheduler:
             fh.flush()
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True)   # Ctrl-C reaches the run only
-        self.running[cell.id] = _Job(cell, proc, jobs * cell.peak_gb, result, out, emulated)
+        try:
+            exit_fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):   # not Linux >= 5.3: the loop polls every 0.2 s
+            exit_fd = None
+        self.running[cell.id] = _Job(cell, proc, jobs * cell.peak_gb, result, out, emulated, exit_fd)
         self.events("start", cell)
 
     # -- completion
@@ -608,6 +623,8 @@ class Scheduler:
             self._finish(job, code)
 
     def _finish(self, job: _Job, code: int) -> None:
+        if job.exit_fd is not None:
+            os.close(job.exit_fd)
         cell = job.cell
         if cell.siblings in self.leading:
             self.leading.discard(cell.siblings)
