@@ -27,6 +27,10 @@ PAM_MEASURED_FILE = "pam_measured.yml"   # written by `farm pam measure`, overri
 TOOLKITS_FILE = "cuda_toolkits.yml"
 
 
+# SPEC 8.4: what one compile job may peak at, when neither the policy nor the recipe says.
+DEFAULT_PEAK_GB_PER_JOB = 8.0
+
+
 def frozen(d: Mapping) -> Mapping:
     return MappingProxyType(dict(d))
 
@@ -208,9 +212,13 @@ def load_grid_policy(path: Path) -> GridPolicy:
     for p in prerelease:
         r.version(p, "prerelease_pythons")
     defaults = dict(r.mapping(data.get("defaults", {}), "defaults"))
-    for k in ("max_jobs", "nvcc_threads", "peak_gb_per_job", "build_epoch"):
+    for k in ("max_jobs", "nvcc_threads", "build_epoch"):
         if k in defaults:
             r.integer(defaults[k], f"defaults.{k}")
+    peak = defaults.get("peak_gb_per_job", DEFAULT_PEAK_GB_PER_JOB)
+    if not isinstance(peak, (int, float)) or isinstance(peak, bool) or peak <= 0:
+        raise BadInput(r.where, "defaults.peak_gb_per_job", peak, "expected a positive number of GB, e.g. 8 or 2.5")
+    defaults["peak_gb_per_job"] = float(peak)   # recipes may say 2.5 too (farm/recipes.py)
     return GridPolicy(
         supported_cudas=cudas,
         min_cuda=r.version(r.require(data, "min_cuda"), "min_cuda"),

@@ -261,7 +261,7 @@ class Recipe:
 
     def peak_gb(self, defaults: Defaults) -> float:
         """Peak GB of one compile job (memory admission, SPEC 8.4): the recipe's, else the policy's, else 8."""
-        return self.peak_gb_per_job or float(defaults.grid_policy.defaults.get("peak_gb_per_job", 8))
+        return self.peak_gb_per_job or defaults.grid_policy.defaults["peak_gb_per_job"]
 
     def build_relevant(self) -> dict:
         """The keys that feed the build key (SPEC 7.4): everything but `verify` (comments never get here).

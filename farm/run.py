@@ -41,6 +41,7 @@ from . import paths
 from .emulation import cell_arch, is_emulated
 from .errors import FarmError
 from .plan import Filters, Plan, full_plan, in_shard
+from .policy import DEFAULT_PEAK_GB_PER_JOB
 from .run_report import iso_utc
 
 # Statuses of a cell in a run. Exit 0 needs every selected cell in OK_STATUSES.
@@ -48,7 +49,6 @@ OK_STATUSES = ("built", "skipped", "up-to-date", "expected-fail")
 OOM_PATTERNS = ("Killed signal terminated program", "died due to signal 9", "out of memory", "Out of memory",
                 "std::bad_alloc", "exit 137")
 CHILD_GRACE_S = 20.0
-DEFAULT_PEAK_GB = 8.0
 
 
 class RunError(FarmError):
@@ -81,7 +81,7 @@ class CellRun:
     pulled_in: bool = False               # built because a selected cell needs it (build_requires_farm)
     expected_fail: str | None = None      # the recipe's reason when the cell matches expected_fail
     max_jobs_recipe: int = 1
-    peak_gb: float = DEFAULT_PEAK_GB
+    peak_gb: float = DEFAULT_PEAK_GB_PER_JOB
     max_jobs: int | None = None           # what the last attempt ran with
     max_jobs_clamp: str | None = None
     attempts: int = 0

@@ -170,6 +170,8 @@ def test_cli_unknown_cuda_line_is_one_line():
     ("arch_policy.yml", "arch_policy:\n", "arch_policy:\n  - [\n", "arch_policy.yml:"),
     ("gpus.yml", '{cc: "8.9",', '{cc: "8.9x",', "gpus.yml: devices[9].cc: '8.9x'"),
     ("python_cuda_torch_os_policy.yml", 'python_min: "3.10"', "python_min: 3.10", "python_min: 3.1"),
+    ("python_cuda_torch_os_policy.yml", "peak_gb_per_job: 8 ", "peak_gb_per_job: lots ",
+     "defaults.peak_gb_per_job: 'lots'"),
     ("torch_arch_matrix.yml", '"2.13": {"12.6": "5.0;', '"2.13": {"12.6": "5,0;', "torch_arch_matrix.yml: x86[2.13][12.6]"),
 ])
 def test_bad_defaults_are_one_line_naming_file_key_value(tmp_path, file, old, new, needle):
@@ -182,6 +184,20 @@ def test_bad_defaults_are_one_line_naming_file_key_value(tmp_path, file, old, ne
     assert out.returncode == 2, out.stdout
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert needle in out.stderr, out.stderr
+
+
+def test_the_policy_peak_gb_per_job_may_be_fractional_like_a_recipes(tmp_path):
+    from farm.policy import load_defaults
+    from farm.recipes import load_recipes
+
+    folder = copy_defaults(tmp_path)
+    path = folder / "python_cuda_torch_os_policy.yml"
+    path.write_text(path.read_text().replace("peak_gb_per_job: 8 ", "peak_gb_per_job: 2.5 ", 1))
+    defaults = load_defaults(folder)
+    recipes = load_recipes(defaults=defaults)
+    without_own = next(r for r in recipes.values() if r.peak_gb_per_job is None)
+    assert without_own.peak_gb(defaults) == 2.5
+    assert recipes["diso"].peak_gb(defaults) == 2.0   # the recipe's own wins
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
