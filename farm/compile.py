@@ -114,14 +114,12 @@ def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None
 
 
 # A PEP 517 frontend run by the torch environment's Python in the source folder: the backend pip
-# would choose (pyproject.toml's, else setuptools' legacy one), its build_wheel hook only, in a
-# subprocess of its own (pyproject_hooks, as pip does it; pip vendors it, and tomli before 3.11).
+# would choose (pyproject.toml's, else setuptools' legacy one), its build_wheel hook only, called
+# in this very process (as pyproject_hooks' in-process helper does; tomllib is pip's vendored tomli
+# before 3.11). Once the hook has returned, the wheel is written and closed: the process leaves
+# without the interpreter's teardown, which takes ~0.7 s once setup.py has imported torch.
 PEP517_BUILD = r"""
-import os, subprocess, sys
-try:
-    from pyproject_hooks import BuildBackendHookCaller
-except ImportError:
-    from pip._vendor.pyproject_hooks import BuildBackendHookCaller
+import importlib, os, sys
 try:
     import tomllib
 except ImportError:
@@ -131,13 +129,21 @@ if os.path.exists("pyproject.toml"):
     with open("pyproject.toml", "rb") as fh:
         system = tomllib.load(fh).get("build-system", {})
 backend = system.get("build-backend", "setuptools.build_meta:__legacy__")
+here = os.path.realpath(os.getcwd())
+for entry in reversed(system.get("backend-path", [])):   # PEP 517: in-tree backends, inside the tree only
+    path = os.path.realpath(os.path.join(here, entry))
+    if os.path.commonpath([here, path]) != here:
+        sys.exit(f"farm: error: backend-path {entry!r} leaves the source tree")
+    sys.path.insert(0, path)
 print(f"farm: PEP 517 build_wheel of {backend}", flush=True)
-hooks = BuildBackendHookCaller(os.getcwd(), backend, backend_path=system.get("backend-path"),
-                               python_executable=sys.executable)
-try:
-    print("farm: built " + hooks.build_wheel(sys.argv[1]), flush=True)
-except subprocess.CalledProcessError as exc:   # the backend printed its own error above
-    sys.exit(f"farm: the backend's build_wheel exited {exc.returncode}")
+module, _, attrs = backend.partition(":")
+hooks = importlib.import_module(module)
+for attr in filter(None, attrs.split(".")):
+    hooks = getattr(hooks, attr)
+name = hooks.build_wheel(sys.argv[1])
+print("farm: built " + name, flush=True)
+sys.stderr.flush()
+os._exit(0)
 """
 
 
@@ -186,4 +192,5 @@ def _last_error(log: Path) -> str:
     for ln in reversed(lines):
         if re.search(r"\berror\b|Error:|fatal", ln) and not ln.startswith("#"):
             return ln[:300]
-    return lines[-1][:300] if lines else "no output"
+    own = [ln for ln in lines if not ln.startswith("#")]   # not the frontend's own '# exit' notes
+    return own[-1][:300] if own else "no output"

@@ -55,3 +55,12 @@ def test_a_failing_backend_fails_the_step_with_its_error_and_the_log(tmp_path):
     with pytest.raises(CompileFailed, match=r"error: no nvcc for you.*\(log: ") as exc:
         compile_wheel(src, sys.executable, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log")
     assert "\n" not in str(exc.value) and not list((tmp_path / "out").glob("*.whl"))
+
+
+def test_a_backend_path_outside_the_source_tree_is_refused(tmp_path):
+    src = source(tmp_path)
+    toml = src / "pyproject.toml"
+    toml.write_text(toml.read_text().replace('backend-path = ["backend"]', 'backend-path = ["../elsewhere"]'))
+    with pytest.raises(CompileFailed, match="backend-path '../elsewhere' leaves the source tree"):
+        compile_wheel(src, sys.executable, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log")
+    assert not (src / "calls.log").exists()
