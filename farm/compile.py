@@ -11,6 +11,7 @@ returns the one wheel it made.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -113,38 +114,51 @@ def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None
     return {k: v for k, v in env.items() if v != ""}
 
 
-# A PEP 517 frontend run by the torch environment's Python in the source folder: the backend pip
-# would choose (pyproject.toml's, else setuptools' legacy one), its build_wheel hook only, called
-# in this very process (as pyproject_hooks' in-process helper does; tomllib is pip's vendored tomli
-# before 3.11). Once the hook has returned, the wheel is written and closed: the process leaves
-# without the interpreter's teardown, which takes ~0.7 s once setup.py has imported torch.
+# A PEP 517 frontend run by the torch environment's Python in the source folder: the backend's
+# build_wheel hook only, called in this very process (as pyproject_hooks' in-process helper does).
+# It imports nothing but the backend: importing pip first would switch off setuptools' distutils
+# shim on Python 3.10 and fail setup.py. Once the hook has returned, the wheel is written and
+# closed: the process leaves without the interpreter's teardown, ~0.7 s once setup.py has
+# imported torch.
 PEP517_BUILD = r"""
-import importlib, os, sys
-try:
-    import tomllib
-except ImportError:
-    from pip._vendor import tomli as tomllib
-system = {}
-if os.path.exists("pyproject.toml"):
-    with open("pyproject.toml", "rb") as fh:
-        system = tomllib.load(fh).get("build-system", {})
-backend = system.get("build-backend", "setuptools.build_meta:__legacy__")
-here = os.path.realpath(os.getcwd())
-for entry in reversed(system.get("backend-path", [])):   # PEP 517: in-tree backends, inside the tree only
-    path = os.path.realpath(os.path.join(here, entry))
-    if os.path.commonpath([here, path]) != here:
-        sys.exit(f"farm: error: backend-path {entry!r} leaves the source tree")
-    sys.path.insert(0, path)
+import importlib, json, os, sys
+backend, backend_path, wheel_dir = json.loads(sys.argv[1])
+sys.path[:0] = backend_path
 print(f"farm: PEP 517 build_wheel of {backend}", flush=True)
 module, _, attrs = backend.partition(":")
 hooks = importlib.import_module(module)
 for attr in filter(None, attrs.split(".")):
     hooks = getattr(hooks, attr)
-name = hooks.build_wheel(sys.argv[1])
+name = hooks.build_wheel(wheel_dir)
 print("farm: built " + name, flush=True)
 sys.stderr.flush()
 os._exit(0)
 """
+
+
+def build_backend(source_dir: Path) -> tuple[str, list[str]]:
+    """The backend pip would choose for `source_dir` (pyproject.toml's build-system, else setuptools'
+    legacy one) and its `backend-path` folders, which PEP 517 keeps inside the source tree."""
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10
+        import tomli as tomllib
+
+    pyproject = source_dir / "pyproject.toml"
+    system = {}
+    if pyproject.is_file():
+        try:
+            system = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("build-system", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise CompileFailed(f"{pyproject}: not valid TOML: {exc}") from None
+    here = source_dir.resolve()
+    paths = []
+    for entry in system.get("backend-path", []):
+        path = (here / entry).resolve()
+        if not path.is_relative_to(here):
+            raise CompileFailed(f"{pyproject}: backend-path {entry!r} leaves the source tree")
+        paths.append(str(path))
+    return system.get("build-backend", "setuptools.build_meta:__legacy__"), paths
 
 
 def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: Mapping[str, str],
@@ -160,7 +174,8 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     out_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".farm-wheel-", dir=out_dir) as tmp:
-        cmd = [*argv_prefix, str(env_python), "-c", PEP517_BUILD, tmp]
+        backend, backend_path = build_backend(source_dir)
+        cmd = [*argv_prefix, str(env_python), "-c", PEP517_BUILD, json.dumps([backend, backend_path, tmp])]
         t0 = time.monotonic()
         with open(log, "a", encoding="utf-8") as fh:
             shown = [c if c != PEP517_BUILD else "<farm.compile.PEP517_BUILD>" for c in cmd]

@@ -4,6 +4,7 @@ would also run the metadata hook, which for torch extensions runs setup.py and i
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -61,6 +62,33 @@ def test_a_backend_path_outside_the_source_tree_is_refused(tmp_path):
     src = source(tmp_path)
     toml = src / "pyproject.toml"
     toml.write_text(toml.read_text().replace('backend-path = ["backend"]', 'backend-path = ["../elsewhere"]'))
-    with pytest.raises(CompileFailed, match="backend-path '../elsewhere' leaves the source tree"):
+    with pytest.raises(CompileFailed, match=r"backend-path .\.\./elsewhere. leaves the source tree"):
         compile_wheel(src, sys.executable, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log")
     assert not (src / "calls.log").exists()
+
+
+SETUP_PY = """from setuptools import setup
+setup(name="plain", version="1.0", py_modules=["plain"])
+"""
+
+
+@pytest.mark.parametrize("version", ["3.10", "3.11"])
+def test_a_setup_py_source_builds_with_each_python_the_farm_uses(tmp_path, version):
+    # On 3.10 setuptools replaces distutils through a shim that importing pip switches off: the
+    # frontend must import nothing but the backend (a pyenv Python with its bundled setuptools).
+    from farm.images import pyenv_prefixes
+
+    base = next((p / "bin" / "python3" for p in pyenv_prefixes() if p.name.startswith(version + ".")), None)
+    if base is None:
+        pytest.skip(f"no pyenv Python {version} here")
+    # a venv with a setuptools that builds wheels by itself (as torch environments have)
+    subprocess.run([str(base), "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "setuptools>=70.1"], check=True)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "setup.py").write_text(SETUP_PY)
+    (src / "plain.py").write_text("")
+    wheel = compile_wheel(src, python, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log")
+    assert wheel.name == "plain-1.0-py3-none-any.whl", (tmp_path / "c.log").read_text()[-2000:]
