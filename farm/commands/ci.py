@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .plan import add_filters, filters_of
+from .plan import add_filters, filters_of, selected
 
 
 def register(sub) -> None:
@@ -25,19 +25,11 @@ def register(sub) -> None:
     p.set_defaults(func=outputs_command)
 
 
-def _selected(args):
-    from ..plan import full_plan, in_shard, parse_shard
-
-    plan = full_plan()
-    shard = parse_shard(args.shard) if args.shard else None
-    return plan, in_shard(plan.select(filters_of(args)), shard), shard
-
-
 def github_command(args) -> int:
     from ..ci import actionlint_config, github_workflows
     from ..yamlio import write_atomic
 
-    plan, cells, shard = _selected(args)
+    plan, cells, shard = selected(args)
     files, chunks, left = github_workflows(plan, cells, filters_of(args), shard, out_dir=str(args.out))
     for name, text in files.items():
         write_atomic(args.out / name, text)
@@ -56,7 +48,7 @@ def github_command(args) -> int:
 def outputs_command(args) -> int:
     from ..ci import missing_outputs
 
-    plan, cells, _ = _selected(args)
+    plan, cells, _ = selected(args)
     for line in missing_outputs(plan, cells, args.group, args.layout, args.wheelhouse):
         print(line)
     return 0

@@ -32,17 +32,19 @@ def register(sub) -> None:
 
 
 def selected(args):
+    """(plan, the cells the filters, --shard and --missing select, the shard): for plan and ci."""
     plan = full_plan()
-    cells = in_shard(plan.select(filters_of(args)), parse_shard(args.shard) if args.shard else None)
+    shard = parse_shard(args.shard) if args.shard else None
+    cells = in_shard(plan.select(filters_of(args)), shard)
     if getattr(args, "missing", False):
         from ..run import missing_cells
 
         cells = missing_cells(plan, cells)
-    return plan, cells
+    return plan, cells, shard
 
 
 def plan_command(args) -> int:
-    plan, cells = selected(args)
+    plan, cells, _ = selected(args)
     if args.format == "json":
         print_json([{"id": c.id, "package": c.recipe_name, "cuda": c.cuda, "torch": c.torch,
                      "torch_pin": c.torch_pin, "python": c.python, "platform": c.platform,
