@@ -1040,6 +1040,21 @@ def lowest_glibc(path: Path | str) -> str | None:
     return None if demand is None else _dotted(demand)
 
 
+def record_problems(path: Path | str) -> list[str]:
+    """What the metadata check finds wrong with a wheel's RECORD (hash, size, unlisted or missing
+    members); [] when every member matches. For steps that rewrite a wheel (repair) and their tests."""
+    w = _Wheel(Path(path), Path(tempfile.gettempdir()))  # no binaries are extracted
+    if w.zip is None:
+        return [f"not a readable zip: {w.zip_error}"]
+    try:
+        dist_infos = w.dist_info()
+        if len(dist_infos) != 1:
+            return [f"expected one .dist-info folder, found {dist_infos or 'none'}"]
+        return _record_problems(w, dist_infos[0])
+    finally:
+        w.zip.close()
+
+
 
 
 # ---------------------------------------------------------------- cells (farm verify --cell)

@@ -4,10 +4,6 @@ torch is the environment step's business and too heavy for these tests)."""
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import subprocess
 import zipfile
 from pathlib import Path
@@ -25,6 +21,7 @@ from farm.repair import (
     repair_wheel,
     torch_env_sonames,
 )
+from farm.verify import record_problems
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +72,7 @@ def test_libraries_of_the_torch_environment_stay_out_even_when_findable(env, tmp
     assert rpath == "" and sorted(res.record()["dropped_rpaths"]) == [
         n for n in zipfile.ZipFile(res.wheel).namelist() if n.startswith("demo/_ext")]
     assert set(next(iter(res.dropped_rpaths.values()))) == {str(env["torch_lib"]), str(env["nv_lib"])}
-    assert record_mismatches(res.wheel) == []
+    assert record_problems(res.wheel) == []
     assert res.wheel.parent == tmp_path / "out" and res.wheel.name.endswith(f"{res.plat}.whl")
 
     # the control: without the environment's exclusions, auditwheel grafts libc10 and the check refuses
@@ -104,23 +101,7 @@ def test_an_outside_library_is_grafted_and_then_refused_unless_allowed(env, tmp_
     assert len(grafted) == 1 and grafted[0].startswith("demo_ext.libs/liboutside-")
     needed, rpath = needed_and_rpath(res.wheel, tmp_path / "x")
     assert "libc10.so" in needed and all(e.startswith("$ORIGIN") for e in rpath.split(":")), rpath
-    assert record_mismatches(res.wheel) == []
-
-
-def record_mismatches(wheel: Path) -> list[str]:
-    """Members whose RECORD hash or size is wrong, or missing from RECORD."""
-    with zipfile.ZipFile(wheel) as z:
-        (record,) = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
-        rows = {r[0]: r[1:] for r in csv.reader(io.StringIO(z.read(record).decode()))}
-        bad = []
-        for name in z.namelist():
-            if name == record or name.endswith("/"):
-                continue
-            data = z.read(name)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            if rows.get(name) != [f"sha256={digest}", str(len(data))]:
-                bad.append(name)
-        return bad
+    assert record_problems(res.wheel) == []
 
 
 def test_a_wheel_whose_rpaths_are_all_relative_is_left_byte_identical(tmp_path):
