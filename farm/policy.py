@@ -29,6 +29,15 @@ TOOLKITS_FILE = "cuda_toolkits.yml"
 
 # SPEC 8.4: what one compile job may peak at, when neither the policy nor the recipe says.
 DEFAULT_PEAK_GB_PER_JOB = 8.0
+PEAK_GB_PROBLEM = "expected a positive number of GB, e.g. 8 or 2.5"
+
+
+def positive_gb(value) -> float | None:
+    """`peak_gb_per_job` as a float (the policy's and a recipe's may be fractional), None when it is
+    not a positive number."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        return None
+    return float(value)
 
 
 def frozen(d: Mapping) -> Mapping:
@@ -216,9 +225,9 @@ def load_grid_policy(path: Path) -> GridPolicy:
         if k in defaults:
             r.integer(defaults[k], f"defaults.{k}")
     peak = defaults.get("peak_gb_per_job", DEFAULT_PEAK_GB_PER_JOB)
-    if not isinstance(peak, (int, float)) or isinstance(peak, bool) or peak <= 0:
-        raise BadInput(r.where, "defaults.peak_gb_per_job", peak, "expected a positive number of GB, e.g. 8 or 2.5")
-    defaults["peak_gb_per_job"] = float(peak)   # recipes may say 2.5 too (farm/recipes.py)
+    if positive_gb(peak) is None:
+        raise BadInput(r.where, "defaults.peak_gb_per_job", peak, PEAK_GB_PROBLEM)
+    defaults["peak_gb_per_job"] = positive_gb(peak)
     return GridPolicy(
         supported_cudas=cudas,
         min_cuda=r.version(r.require(data, "min_cuda"), "min_cuda"),

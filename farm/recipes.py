@@ -27,7 +27,7 @@ from .arches import ArchOverrides, Hazard, fallback_hazards
 from .archlist import ArchList
 from .errors import BadInput, FarmError
 from .platforms import ARM_LANE, PLATFORMS, X86_LANE, lane
-from .policy import Defaults, clamp, load_defaults
+from .policy import PEAK_GB_PROBLEM, Defaults, clamp, load_defaults, positive_gb
 from .versions import vtuple
 
 # ---------------------------------------------------------------- vocabulary
@@ -842,10 +842,9 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
         if data.get(key) is not None:
             kw[key] = r.positive(data[key], key)
     if data.get("peak_gb_per_job") is not None:
-        peak = data["peak_gb_per_job"]
-        if not isinstance(peak, (int, float)) or isinstance(peak, bool) or peak <= 0:
-            r.fail("peak_gb_per_job", peak, "expected a positive number of GB, e.g. 8 or 2.5")
-        kw["peak_gb_per_job"] = float(peak)
+        kw["peak_gb_per_job"] = positive_gb(data["peak_gb_per_job"])
+        if kw["peak_gb_per_job"] is None:
+            r.fail("peak_gb_per_job", data["peak_gb_per_job"], PEAK_GB_PROBLEM)
     if "self_hosted" in data:
         kw["self_hosted"] = r.boolean(data["self_hosted"], "self_hosted")
     if data.get("nvcc_flags") is not None:
