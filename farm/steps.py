@@ -38,7 +38,7 @@ class StepFailed(FarmError):
 class Steps:
     """The state one invocation carries from step to step."""
 
-    def __init__(self, spec: dict, log):
+    def __init__(self, spec: dict, log, phases: list[str]):
         self.spec = spec
         self.cell = spec["cell"]
         self.recipe = spec["recipe"]
@@ -50,7 +50,7 @@ class Steps:
         self.torch_env = None
         self.toolkit = None
         self.compiler_cache: dict = {}
-        self.phases: list[str] = []
+        self.phases = phases              # what this process runs (the import child serves verify)
         self.import_child = None          # verify's child, started early (see _start_import_child)
 
     # ----- 1. source ------------------------------------------------------------
@@ -255,8 +255,7 @@ def run(phases: list[str], spec_path: Path) -> int:
     def log(message: str) -> None:
         print(f"[farm.steps] {message}", flush=True)
 
-    steps = Steps(spec, log)
-    steps.phases = phases
+    steps = Steps(spec, log, phases)
     methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})

@@ -1055,8 +1055,6 @@ def record_problems(path: Path | str) -> list[str]:
         w.zip.close()
 
 
-
-
 # ---------------------------------------------------------------- cells (farm verify --cell)
 
 def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:
