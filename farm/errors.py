@@ -20,8 +20,24 @@ class BadInput(FarmError):
     def __init__(self, where: str, key: str | None, value: object, problem: str):
         self.where, self.key, self.value, self.problem = str(where), key, value, problem
         # file: key: value: problem, leaving out what is absent (no empty '::' fields).
-        parts = [self.where, key or None, None if value is None else repr(value), problem]
+        parts = [shorten(self.where), shorten(key) if key else None,
+                 None if value is None else shorten(repr(value)), problem]
         super().__init__(": ".join(p for p in parts if p))
+
+
+MAX_SHOWN = 200
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """A value as an error line shows it: at most about `limit` characters, on one line.
+
+    A 5 MB name must not make a 5 MB error line, and a value with a newline must
+    not break the one-line rule.
+    """
+    text = str(text).replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 class NoSuchCell(FarmError):
