@@ -1,7 +1,8 @@
 """The verify gate (SPEC 9): no wheel leaves the farm unless it carries exactly what its cell promised.
 
 `verify_wheel(path, expectation)` runs the checks of SPEC 9 in order, cheapest
-first, each named (`CHECKS`), each pass / warn / fail / skip with a message,
+first, each named (`CHECKS`): first the wheel as a file (`wheel_file_problems`: zip, member
+paths, WHEEL, RECORD), then each pass / warn / fail / skip with a message,
 and returns a `Report` (JSON per wheel). A failed static check skips the import
 check (importing a broken wheel proves nothing and may hang).
 
@@ -24,10 +25,12 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +40,12 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from .archlist import ArchList
-from .errors import FarmError
+from .errors import FarmError, shorten
 from .fatbin import FatbinError, FatbinReport, read_fatbin
 from .platforms import from_wheel_platform_tag, lane, plat_glibc
 from .recipes import Verify as VerifyKnobs
@@ -50,7 +54,7 @@ from .versions import cuda_tag
 from .versions import python_tag as _pytag
 from .yamlio import write_atomic
 
-CHECKS = ("filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
+CHECKS = ("file", "filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
 TORCH_FAMILY = frozenset({"torch", "torchvision", "torchaudio"})
 
 # DT_NEEDED names every Linux wheel may use (SPEC 9.4): glibc's own libraries and the C++ runtime.
@@ -75,6 +79,8 @@ _TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
 _DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")   # the driver API: cuInit, cuModuleLoadData, ...
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
 IMPORT_TIMEOUT = 300
+# What reading a member of a damaged zip raises (bad CRC, truncated data, unknown compression, encryption).
+ZIP_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OSError)
 
 
 class GateCannotRun(FarmError):
@@ -357,35 +363,107 @@ def check_filename(w: _Wheel, exp: Expectation) -> CheckResult:
     return _result("filename", problems, [], f"{w.path.name} matches", details)
 
 
+def _few(items: list[str], n: int = 5) -> str:
+    """At most n items of a list for a message (a hostile wheel may hold thousands)."""
+    shown = ", ".join(shorten(i, 120) for i in items[:n])
+    return shown + (f" ... ({len(items)} in all)" if len(items) > n else "")
+
+
+def _member_problems(zf: zipfile.ZipFile) -> list[str]:
+    """Member names and kinds an installer must not be handed: paths that leave the install
+    folder, backslashes (a folder separator on Windows), links and other non-regular files, twins."""
+    absolute, parent, backslash, links, special, counts = [], [], [], [], [], {}
+    for info in zf.infolist():
+        name = info.filename
+        counts[name] = counts.get(name, 0) + 1
+        if "\\" in name:
+            backslash.append(name)
+        if name.startswith("/") or re.match(r"[A-Za-z]:", name):
+            absolute.append(name)
+        if ".." in name.replace("\\", "/").split("/"):
+            parent.append(name)
+        # The Unix mode sits in the high 16 bits of external_attr; 0 means "no mode recorded".
+        mode = info.external_attr >> 16
+        if stat.S_IFMT(mode):
+            if stat.S_ISLNK(mode):
+                links.append(name)
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                special.append(name)
+    problems = []
+    for found, what in ((absolute, "absolute member paths"), (parent, "member paths with '..'"),
+                        (backslash, "member paths with a backslash"), (links, "symlink members"),
+                        (special, "members that are not regular files")):
+        if found:
+            problems.append(f"{what}: {_few(found)}")
+    dupes = sorted(m for m, n in counts.items() if n > 1)
+    if dupes:
+        problems.append(f"duplicate zip members: {_few(dupes)}")
+    return problems
+
+
+def _wheel_txt_problems(w: _Wheel, dist_info: str) -> list[str]:
+    """`.dist-info/WHEEL`: Wheel-Version 1.x, Root-Is-Purelib true|false, and Tag lines that
+    are exactly the tags of the file name."""
+    name = f"{dist_info}/WHEEL"
+    if name not in w.members:
+        return [f"{name} is missing"]
+    try:
+        text = w.read(name).decode("utf-8")
+    except UnicodeDecodeError:
+        return [f"{name} is not UTF-8"]
+    msg = email.parser.Parser().parsestr(text)
+    if msg.defects or msg.get_payload().strip():
+        return [f"{name} is not a list of 'Key: value' lines"]
+    problems = []
+    versions = msg.get_all("Wheel-Version") or []
+    if len(versions) != 1 or not re.fullmatch(r"1\.\d+", versions[0].strip()):
+        problems.append(f"{name}: Wheel-Version {_few(versions) or '(none)'}, expected one 1.x")
+    purelib = msg.get_all("Root-Is-Purelib") or []
+    if len(purelib) != 1 or purelib[0].strip().lower() not in ("true", "false"):
+        problems.append(f"{name}: Root-Is-Purelib {_few(purelib) or '(none)'}, expected true or false")
+    lines = [t.strip() for t in msg.get_all("Tag") or []]
+    tags: set = set()
+    for line in lines:
+        parts = line.split("-")
+        if len(parts) != 3 or not all(parts):
+            problems.append(f"{name}: Tag {shorten(line, 120)!r} is not python-abi-platform")
+        else:
+            tags |= parse_tag(line)
+    if not lines:
+        problems.append(f"{name}: no Tag line")
+    elif w.tags and tags and tags != w.tags:
+        problems.append(f"{name}: Tag lines {_few(sorted(map(str, tags)))} differ from the file name's "
+                        f"{_few(sorted(map(str, w.tags)))}")
+    return problems
+
+
 def _record_problems(w: _Wheel, dist_info: str) -> list[str]:
     record_name = f"{dist_info}/RECORD"
     if record_name not in w.members:
         return [f"{record_name} is missing"]
     problems: list[str] = []
     listed: dict[str, tuple[str, str]] = {}
-    for row in csv.reader(io.StringIO(w.read(record_name).decode("utf-8", "replace"))):
-        if not row:
-            continue
-        if len(row) != 3:
-            problems.append(f"RECORD row {row!r} does not have 3 fields")
-            continue
-        listed[row[0]] = (row[1], row[2])
+    try:
+        for row in csv.reader(io.StringIO(w.read(record_name).decode("utf-8", "replace"))):
+            if not row:
+                continue
+            if len(row) != 3:
+                problems.append(f"RECORD row {shorten(repr(row), 120)} does not have 3 fields")
+                continue
+            listed[row[0]] = (row[1], row[2])
+    except csv.Error as exc:
+        return [f"{record_name} is not CSV: {exc}"]
     unsigned = {record_name, f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
-    counts: dict[str, int] = {}
-    for m in w.members:
-        counts[m] = counts.get(m, 0) + 1
-    dupes = sorted(m for m, n in counts.items() if n > 1)
-    if dupes:
-        problems.append(f"duplicate zip members: {', '.join(dupes[:5])}")
-    unlisted = sorted(m for m in counts if m not in listed and m not in unsigned)
+    present = set(w.members)
+    unlisted = sorted(m for m in present if m not in listed and m not in unsigned)
     if unlisted:
-        problems.append(f"not in RECORD: {', '.join(unlisted[:5])}{' ...' if len(unlisted) > 5 else ''}")
-    missing = sorted(p for p in listed if p not in counts)
+        problems.append(f"not in RECORD: {_few(unlisted)}")
+    missing = sorted(p for p in listed if p not in present)
     if missing:
-        problems.append(f"in RECORD but not in the wheel: {', '.join(missing[:5])}")
+        problems.append(f"in RECORD but not in the wheel: {_few(missing)}")
     bad = []
     for member, (hash_field, size_field) in sorted(listed.items()):
-        if member not in counts or member in unsigned:
+        if member not in present or member in unsigned:
             continue
         algo, _, digest = hash_field.partition("=")
         if algo not in ("sha256", "sha384", "sha512") or not digest:
@@ -393,17 +471,53 @@ def _record_problems(w: _Wheel, dist_info: str) -> list[str]:
             continue
         h = hashlib.new(algo)
         size = 0
-        with w.zip.open(member) as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-                size += len(chunk)
+        try:
+            with w.zip.open(member) as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+        except ZIP_READ_ERRORS as exc:
+            bad.append(f"{member} (unreadable: {exc})")
+            continue
         if base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode() != digest:
             bad.append(f"{member} (hash differs)")
         elif size_field and size_field != str(size):
-            bad.append(f"{member} (size {size}, RECORD says {size_field})")
+            bad.append(f"{member} (size {size}, RECORD says {shorten(size_field, 40)})")
     if bad:
-        problems.append(f"RECORD mismatch: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+        problems.append(f"RECORD mismatch: {_few(bad)}")
     return problems
+
+
+def _file_problems(w: _Wheel) -> list[str]:
+    """wheel_file_problems on a wheel already opened."""
+    if w.zip is None:
+        return [f"not a readable zip: {w.zip_error}"]
+    problems = _member_problems(w.zip)
+    dist_infos = w.dist_info()
+    if len(dist_infos) != 1:
+        return problems + [f"expected one .dist-info folder, found {_few(dist_infos) or 'none'}"]
+    try:
+        return problems + _wheel_txt_problems(w, dist_infos[0]) + _record_problems(w, dist_infos[0])
+    except ZIP_READ_ERRORS as exc:
+        return problems + [f"a member cannot be read: {exc}"]
+
+
+def wheel_file_problems(path: Path | str) -> list[str]:
+    """What is wrong with a wheel as a FILE, before anything imports or unpacks it: the zip opens;
+    no member path is absolute, has a '..' component or a backslash; no member is a symlink or
+    another non-regular file; no name is there twice; one .dist-info with a well-formed WHEEL whose
+    tags are the file name's; a RECORD that lists every member (but itself and its signatures)
+    with the right sha256 and size. [] when the file is sound. Reads no ELF, imports nothing."""
+    w = _Wheel(Path(path), Path(tempfile.gettempdir()))  # no binaries are extracted
+    try:
+        return _file_problems(w)
+    finally:
+        if w.zip is not None:
+            w.zip.close()
+
+
+def check_file(w: _Wheel, exp: Expectation) -> CheckResult:
+    return _result("file", _file_problems(w), [], "a sound zip: member paths, WHEEL and RECORD check out")
 
 
 def _requirement_key(text: str) -> str:
@@ -460,7 +574,6 @@ def check_metadata(w: _Wheel, exp: Expectation) -> CheckResult:
             problems.append(f"{dist_info}: no version in the folder name")
         if canonicalize_name(folder_name) != w.name or canonicalize_name(meta.get("Name", "")) != w.name:
             problems.append(f"names differ: file {w.name}, folder {folder_name}, METADATA {meta.get('Name')}")
-    problems += _record_problems(w, dist_info)
     torchy = []
     for r in requires:
         try:
@@ -476,7 +589,7 @@ def check_metadata(w: _Wheel, exp: Expectation) -> CheckResult:
         if miss or extra:
             problems.append("Requires-Dist differs from the recipe's requires_dist"
                             + (f"; missing {miss}" if miss else "") + (f"; unexpected {extra}" if extra else ""))
-    return _result("metadata", problems, [], f"Version {version_text}, RECORD complete and hashes match", details)
+    return _result("metadata", problems, [], f"Version {version_text}, names agree, Requires-Dist as promised", details)
 
 
 def check_binaries(w: _Wheel, exp: Expectation) -> CheckResult:
@@ -972,6 +1085,21 @@ def _forgiven(expect: bool | str, error: str) -> bool:
 
 # ---------------------------------------------------------------- the gate
 
+def _static_checks(report: Report, w: _Wheel, exp: Expectation, env: _TorchEnv | None) -> None:
+    """metadata .. arches, in order. A member that cannot be read (the file check names it) or an
+    ELF file that does not parse fails the check that met it, never the gate."""
+    runs = (("metadata", lambda: check_metadata(w, exp)), ("binaries", lambda: check_binaries(w, exp)),
+            ("elf", lambda: check_elf(w, exp, env)), ("torch_linkage", lambda: check_torch_linkage(w, exp)),
+            ("arches", lambda: check_arches(w, exp)))
+    for name, run in runs:
+        try:
+            report.checks.append(run())
+        except ELFError as exc:
+            report.checks.append(CheckResult(name, "fail", f"unreadable ELF file: {exc}"))
+        except ZIP_READ_ERRORS as exc:
+            report.checks.append(CheckResult(name, "fail", f"a member cannot be read: {exc}"))
+
+
 def verify_wheel(path: Path | str, expectation: Expectation, *, torch_env: Path | None = None,
                  skip_import: bool = False, python: Path | None = None,
                  import_child: ImportChild | None = None) -> Report:
@@ -998,20 +1126,13 @@ def _verify_wheel(path: Path, expectation: Expectation, torch_env: Path | None, 
     with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
         w = _Wheel(path, Path(tmp))
         try:
+            report.checks.append(check_file(w, expectation))
             report.checks.append(check_filename(w, expectation))
-            report.checks.append(check_metadata(w, expectation))
             if w.zip_error:
-                for name in CHECKS[2:]:
+                for name in CHECKS[2:-1]:
                     report.checks.append(CheckResult(name, "skip", "the wheel is not a readable zip"))
-                return report
-            report.checks.append(check_binaries(w, expectation))
-            try:
-                report.checks.append(check_elf(w, expectation, env))
-                report.checks.append(check_torch_linkage(w, expectation))
-            except ELFError as exc:
-                report.checks.append(CheckResult("elf", "fail", f"unreadable ELF file: {exc}"))
-                report.checks.append(CheckResult("torch_linkage", "skip", "unreadable ELF file"))
-            report.checks.append(check_arches(w, expectation))
+            else:
+                _static_checks(report, w, expectation, env)
             if skip_import:
                 report.checks.append(CheckResult("import", "skip", "skipped (--skip-import)"))
             elif not report.passed:
@@ -1041,18 +1162,8 @@ def lowest_glibc(path: Path | str) -> str | None:
 
 
 def record_problems(path: Path | str) -> list[str]:
-    """What the metadata check finds wrong with a wheel's RECORD (hash, size, unlisted or missing
-    members); [] when every member matches. For steps that rewrite a wheel (repair) and their tests."""
-    w = _Wheel(Path(path), Path(tempfile.gettempdir()))  # no binaries are extracted
-    if w.zip is None:
-        return [f"not a readable zip: {w.zip_error}"]
-    try:
-        dist_infos = w.dist_info()
-        if len(dist_infos) != 1:
-            return [f"expected one .dist-info folder, found {dist_infos or 'none'}"]
-        return _record_problems(w, dist_infos[0])
-    finally:
-        w.zip.close()
+    """The repair step's tests call the RECORD comparison by this name; it is part of the file check."""
+    return wheel_file_problems(path)
 
 
 # ---------------------------------------------------------------- cells (farm verify --cell)
