@@ -10,12 +10,20 @@ imported. End to end with the pipeline's farm_demo wheel: tests of the pipeline.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import re
+import stat
 import sys
+import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
 from farmcli import run_farm
+from hostile import assert_one_line_refusal, tree_state
 from wheel_factory import (
     C10_BODY,
     C10_DECL,
@@ -42,6 +50,7 @@ from farm.verify import (
     VerifyKnobs,
     install_into,
     verify_wheel,
+    wheel_file_problems,
 )
 
 INIT = b"from . import _probe\n"
@@ -404,3 +413,191 @@ def test_install_into_spreads_the_data_folders_like_pip_target(tmp_path):
 def test_every_module_the_gate_tests_built_reads_as_cuobjdump_lists_it(builder):
     # Last in this file on purpose: the libc10-linked, RPATH, twin, driver-stub... modules all exist now.
     assert assert_folder_agrees_with_cuobjdump(builder.root) >= 1
+
+
+# ---------------------------------------------------------------- hostile wheels: the file check
+
+def zip_entries(wheel: Path) -> list[list]:
+    """[name, bytes, unix mode] of every member, in order: the material a hostile case edits."""
+    with zipfile.ZipFile(wheel) as z:
+        return [[i.filename, z.read(i), i.external_attr >> 16] for i in z.infolist()]
+
+
+def rewrite(path: Path, entries: list[list], *, record: bool = True) -> Path:
+    """Write `entries` as the zip `path`; record=True first rewrites RECORD to match them, so that
+    the one defect a case plants is the only one."""
+    if record:
+        rec = next(e for e in entries if e[0].endswith(".dist-info/RECORD"))
+        rows = [f"{n},{_record_hash(d)},{len(d)}\n" for n, d, _ in entries if n != rec[0]]
+        rec[1] = ("".join(rows) + f"{rec[0]},,\n").encode()
+    path.unlink(missing_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data, mode in entries:
+            info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+            info.create_system = 3  # Unix, so that the mode bits mean what they say
+            info.external_attr = mode << 16
+            z.writestr(info, data)
+    return path
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _member(entries, suffix):
+    return next(e for e in entries if e[0].endswith(suffix))
+
+
+def _set_wheel_txt(text: str | bytes):
+    """WHEEL replaced by `text`, where {tag} stands for the file name's tag."""
+    def edit(entries, path):
+        raw = text if isinstance(text, bytes) else text.encode()
+        _member(entries, ".dist-info/WHEEL")[1] = raw.replace(b"{tag}", path.stem.split("-", 2)[2].encode())
+        return rewrite(path, entries)
+    return edit
+
+
+def _add(name: str, data: bytes = b"X = 1\n", mode: int = stat.S_IFREG | 0o644):
+    def edit(entries, path):
+        return rewrite(path, entries + [[name, data, mode]])
+    return edit
+
+
+def _drop(suffix: str, *, record: bool = True):
+    def edit(entries, path):
+        return rewrite(path, [e for e in entries if not e[0].endswith(suffix)], record=record)
+    return edit
+
+
+def _record_edit(change):
+    """RECORD written right, then `change(lines)` applied to its text lines."""
+    def edit(entries, path):
+        rewrite(path, entries)
+        entries = zip_entries(path)
+        rec = _member(entries, ".dist-info/RECORD")
+        rec[1] = "".join(change(rec[1].decode().splitlines(keepends=True))).encode()
+        return rewrite(path, entries, record=False)
+    return edit
+
+
+def _tamper_after_record(entries, path):
+    rewrite(path, entries)
+    entries = zip_entries(path)
+    _member(entries, "probe/__init__.py")[1] += b"# changed after RECORD\n"
+    return rewrite(path, entries, record=False)
+
+
+def _duplicate(entries, path):
+    init = _member(entries, "probe/__init__.py")
+    with warnings.catch_warnings():  # zipfile warns about the twin it is asked to write
+        warnings.simplefilter("ignore", UserWarning)
+        return rewrite(path, entries + [[init[0], b"EVIL = 1\n", init[2]]])
+
+
+def _second_dist_info(entries, path):
+    meta = _member(entries, ".dist-info/METADATA")
+    return rewrite(path, entries + [["other-1.0.dist-info/METADATA", meta[1], meta[2]]])
+
+
+def _bad_crc(entries, path):
+    rewrite(path, entries)
+    raw = path.read_bytes()
+    at = raw.index(b"from . import _probe")  # stored, so the member's bytes sit in the file as they are
+    path.write_bytes(raw[:at] + b"FROM" + raw[at + 4:])
+    return path
+
+
+def _raw(data_of):
+    def edit(entries, path):
+        rewrite(path, entries)
+        path.write_bytes(data_of(path.read_bytes()))
+        return path
+    return edit
+
+
+WHEEL_OK = "Wheel-Version: 1.0\nGenerator: farm-tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
+
+# (id, edit(entries, path) -> path, what the one stderr line must say)
+HOSTILE_WHEELS = [
+    ("absolute-member", _add("/tmp/farm-hostile-abs.py"), "absolute member paths: /tmp/farm-hostile-abs.py"),
+    ("drive-letter-member", _add("C:/farm-hostile.py"), "absolute member paths: C:/farm-hostile.py"),
+    ("dotdot-member", _add("../../../tmp/x.py"), "member paths with '..': ../../../tmp/x.py"),
+    ("dotdot-inside-member", _add("probe/../../x.py"), "member paths with '..': probe/../../x.py"),
+    ("backslash-member", _add("probe\\evil.py"), "member paths with a backslash"),
+    ("backslash-dotdot-member", _add("..\\..\\evil.py"), "member paths with '..'"),
+    ("symlink-member", _add("probe/passwd", b"/etc/passwd", stat.S_IFLNK | 0o777), "symlink members: probe/passwd"),
+    ("fifo-member", _add("probe/pipe", b"", stat.S_IFIFO | 0o644), "members that are not regular files: probe/pipe"),
+    ("device-member", _add("probe/dev", b"", stat.S_IFCHR | 0o644), "members that are not regular files: probe/dev"),
+    ("duplicate-member", _duplicate, "duplicate zip members: probe/__init__.py"),
+    ("missing-WHEEL", _drop(".dist-info/WHEEL"), "WHEEL is missing"),
+    ("WHEEL-not-headers", _set_wheel_txt("this is not a header\n"), "is not a list of 'Key: value' lines"),
+    ("WHEEL-version-2", _set_wheel_txt(WHEEL_OK.replace("1.0", "2.0")), "Wheel-Version 2.0, expected one 1.x"),
+    ("WHEEL-no-purelib", _set_wheel_txt("Wheel-Version: 1.0\nTag: {tag}\n"), "Root-Is-Purelib (none)"),
+    ("WHEEL-purelib-maybe", _set_wheel_txt(WHEEL_OK.replace("false", "maybe")), "Root-Is-Purelib maybe"),
+    ("WHEEL-no-tag", _set_wheel_txt("Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"), "no Tag line"),
+    ("WHEEL-tag-mismatch", _set_wheel_txt(WHEEL_OK.replace("{tag}", "py3-none-any")), "differ from the file name"),
+    ("WHEEL-tag-garbage", _set_wheel_txt(WHEEL_OK.replace("{tag}", "cp311")), "Tag 'cp311' is not python-abi-platform"),
+    ("WHEEL-not-utf8", _set_wheel_txt(b"Wheel-Version: 1.0\xff\n"), "is not UTF-8"),
+    ("RECORD-missing", _drop(".dist-info/RECORD", record=False), "RECORD is missing"),
+    ("RECORD-misses-a-member", _record_edit(lambda ls: [ln for ln in ls if not ln.startswith("probe/__init__")]),
+     "not in RECORD: probe/__init__.py"),
+    ("RECORD-wrong-hash", _tamper_after_record, "RECORD mismatch: probe/__init__.py (hash differs)"),
+    ("RECORD-wrong-size", _record_edit(lambda ls: [re.sub(r",\d+$", ",999999", ln.rstrip("\n")) + "\n"
+                                                   if ln.startswith("probe/__init__") else ln for ln in ls]),
+     "RECORD says 999999"),
+    ("RECORD-md5", _record_edit(lambda ls: [re.sub(r",sha256=[^,]*,", ",md5=abc,", ln)
+                                            if ln.startswith("probe/__init__") else ln for ln in ls]),
+     "probe/__init__.py (hash md5=abc)"),
+    ("RECORD-lists-a-ghost", _record_edit(lambda ls: ls + ["probe/ghost.py,sha256=AAAA,1\n"]),
+     "in RECORD but not in the wheel: probe/ghost.py"),
+    ("RECORD-two-fields", _record_edit(lambda ls: ls + ["probe/x.py,sha256=AAAA\n"]), "does not have 3 fields"),
+    ("two-dist-info", _second_dist_info, "expected one .dist-info folder"),
+    ("bad-crc", _bad_crc, "probe/__init__.py (unreadable: Bad CRC-32"),
+    ("not-a-zip", _raw(lambda b: b"#!/bin/sh\necho this is no wheel\n"), "not a readable zip"),
+    ("empty-file", _raw(lambda b: b""), "not a readable zip"),
+    ("truncated", _raw(lambda b: b[: len(b) // 2]), "not a readable zip"),
+]
+
+
+@pytest.fixture(scope="module")
+def sound_wheel(tmp_path_factory, mod):
+    """A wheel that passes every check but import (--skip-import), to plant one defect in at a time."""
+    return probe_wheel(tmp_path_factory.mktemp("sound"), mod["8.0"])
+
+
+def verify_cli(wheel: Path, *extra: str):
+    return run_farm("verify", str(wheel), "--arch-list", "8.0", "--platform", "linux", "--cuda", "13.0",
+                    "--python", f"{sys.version_info[0]}.{sys.version_info[1]}", *extra, cwd=wheel.parent)
+
+
+def test_the_sound_wheel_passes_the_file_check_and_the_gate(sound_wheel, tmp_path):
+    assert wheel_file_problems(sound_wheel) == []
+    again = rewrite(tmp_path / sound_wheel.name, zip_entries(sound_wheel))  # the corpus's own writer
+    assert wheel_file_problems(again) == []
+    res = verify_cli(again, "--skip-import")
+    assert res.returncode == 0 and res.stderr == "", res.stdout + res.stderr
+    assert "pass file: a sound zip" in res.stdout
+
+
+@pytest.mark.parametrize("edit,needle", [c[1:] for c in HOSTILE_WHEELS], ids=[c[0] for c in HOSTILE_WHEELS])
+def test_a_hostile_wheel_fails_the_file_check_in_one_line(sound_wheel, tmp_path, edit, needle):
+    wheel = edit(zip_entries(sound_wheel), tmp_path / sound_wheel.name)
+    problems = wheel_file_problems(wheel)
+    assert problems and any(needle in p for p in problems), problems
+    before = tree_state(tmp_path)
+    res = verify_cli(wheel, "--skip-import")
+    line = assert_one_line_refusal(res, 1, needle)
+    assert line.startswith(f"farm: {wheel.name}: failed file"), line
+    assert "FAIL " in res.stdout and "fail file:" in res.stdout
+    assert tree_state(tmp_path) == before
+
+
+def test_the_gate_never_installs_a_wheel_whose_member_climbs_out(sound_wheel, tmp_path):
+    # Without --skip-import: a failed file check must keep the installer away from the wheel.
+    escape = f"farm-escaped-{os.getpid()}-{tmp_path.name}.py"
+    wheel = _add(f"../../../../../../../../tmp/{escape}", b"raise SystemExit('escaped')\n")(
+        zip_entries(sound_wheel), tmp_path / sound_wheel.name)
+    res = verify_cli(wheel)
+    assert_one_line_refusal(res, 1, "member paths with '..'")
+    assert "skip import: not run: file failed" in res.stdout
+    assert not (Path("/tmp") / escape).exists()

@@ -3,7 +3,8 @@
 The expectation comes from a cell of the plan (`--cell`) or from the command
 line (`--arch-list` and `--platform`, optionally `--torch/--cuda` for the local
 label, `--name/--version/--python`). Exit 0: every wheel passed; 1: a wheel
-failed; 2: the gate could not run (bad input, missing file, no interpreter).
+failed (one line on stderr per failed wheel: its failed checks and the first one's
+message); 2: the gate could not run (bad input, missing file, no interpreter).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..archlist import ArchList
-from ..errors import BadInput, FarmError
+from ..errors import BadInput, FarmError, shorten
 from ..verify import Expectation, GateCannotRun, cell_expectation, verify_wheel
 from ..versions import cuda_tag, python_tag
 from ..yamlio import write_atomic
@@ -77,6 +78,10 @@ def verify_command(args) -> int:
         reports.append(report)
         if args.format == "text":
             print("\n".join(report.lines()))
+        if not report.passed:  # the verdict on stdout, and one line per failed wheel on stderr
+            first = report.check(report.failed[0])
+            print(f"farm: {shorten(report.wheel)}: failed {', '.join(report.failed)}: {shorten(first.message)}",
+                  file=sys.stderr)
     passed = bool(reports) and not cannot and all(r.passed for r in reports)
     doc = {"passed": passed, "wheels": [r.as_dict() for r in reports], "gate_errors": cannot}
     if args.format == "json":
