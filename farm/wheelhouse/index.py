@@ -490,6 +490,20 @@ def existing_page_keys(root: Path) -> dict[str, str]:
     return keys
 
 
+def packages_files(root: Path, site: Site) -> list[tuple[str, bytes]]:
+    """packages/<project>.json of every project of a whole-house Site, then packages.json."""
+    fragments = site.fragments()
+    packages = assemble_packages(root, site.house.lines, fragments, fragments, None)
+    return [(f"{PACKAGES_DIR}/{p}.json", data) for p, data in sorted(fragments.items())] + [(PACKAGES, packages)]
+
+
+def expected_files(root: Path, site: Site) -> dict[str, bytes]:
+    """Every file a rebuild writes for a whole-house Site, by path relative to the house."""
+    out = {rel: data for key in site.kind for rel, data in site.render(key).items()}
+    out.update(packages_files(root, site))
+    return out
+
+
 def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[str]]:
     """All pages from the journal, statting (never reading) each wheel. Caller holds the lock."""
     config = Config.load(root)
@@ -516,14 +530,12 @@ def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[st
         raise ShrinkRefused(f"{display(root)}: index rebuild would list fewer wheels in {key}: "
                             f"{was} -> {now}{more}{why}; nothing written (pass --allow-shrink to accept)")
     on_disk = existing_page_keys(root)
-    fragments = site.fragments()
-    packages = assemble_packages(root, site.house.lines, fragments, fragments, None)
-    extra = [(f"{PACKAGES_DIR}/{p}.json", data) for p, data in sorted(fragments.items())] + [(PACKAGES, packages)]
+    extra = packages_files(root, site)
     write_pages(root, site, site.kind, extra)
     stale = [k for k in on_disk if k not in site.kind]
     remove_pages(root, stale, on_disk)
     for path in (root / PACKAGES_DIR).glob("*.json"):
-        if path.stem not in fragments:
+        if f"{PACKAGES_DIR}/{path.name}" not in dict(extra):
             path.unlink()
     fsync_dir(root)
     idx.save(force=True)

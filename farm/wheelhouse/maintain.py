@@ -1,10 +1,16 @@
-"""Whole-house operations: rebuild the pages, verify the bytes, prune yanked wheels, read build keys."""
+"""Whole-house operations: rebuild the pages, verify the bytes, prune yanked wheels, read build keys.
+
+Commands that only read or repair a house (verify, rebuild, prune, recover) refuse a folder that is
+missing or a file and never create one; only publishing makes a house.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -12,9 +18,31 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urljoin
 
-from ..errors import BadInput
-from .index import COMPAT, FILES, SIMPLE, Config, House, Site, rebuild_pages, update
-from .manifest import append_records, locked, read_journal, step
+from ..errors import BadInput, FarmError, shorten
+from ..paths import display
+from .index import (
+    COMPAT,
+    FILES,
+    SIMPLE,
+    Config,
+    House,
+    Site,
+    existing_page_keys,
+    expected_files,
+    rebuild_pages,
+    update,
+)
+from .manifest import (
+    MANIFEST,
+    _live,
+    append_records,
+    cache_problem,
+    house_folder,
+    locked,
+    read_journal,
+    scan,
+    step,
+)
 from .paths import default_wheelhouse
 
 _HREF = re.compile(rb'<a [^>]*href="([^"]*)"')
@@ -33,7 +61,7 @@ def rebuild(wheelhouse, allow_shrink: bool = False) -> RebuildResult:
     Refuses (ShrinkRefused, nothing written) when any project page or channel
     would list fewer wheels than the pages on disk do, unless allow_shrink.
     """
-    root = Path(wheelhouse)
+    root = house_folder(wheelhouse)
     with locked(root):
         site, missing = rebuild_pages(root, allow_shrink)
     return RebuildResult(pages=len(site.kind), wheels=len(site.house.entries), missing=missing)
@@ -45,55 +73,168 @@ def built_keys(wheelhouse=None) -> set[str]:
     A house that does not exist yet has none. Default house: $FARM_WHEELHOUSE, else ./wheelhouse.
     """
     root = default_wheelhouse(wheelhouse)
+    if root.exists():
+        house_folder(root)   # a file given as the house is refused, not read as an empty one
     journal = read_journal(root)
     house = House.derive(journal.entries, Config.load(root))
     return {e.build_key for e in house.entries if e.build_key and e.file not in house.yanked}
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 1 MiB chunks."""
+    """sha256 of a regular file, read in 1 MiB chunks; a symlink is refused (OSError), never followed."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def verify(wheelhouse) -> list[str]:
-    """Re-hash every wheel and sidecar against the journal and follow every link of every page.
-
-    Returns one line per problem (empty: all good). Reads every wheel body;
-    index pages never do, this is the separate check SPEC 10 asks for.
-    """
-    root = Path(wheelhouse)
-    journal = read_journal(root)
-    problems: list[str] = []
-    hashes: dict[Path, str] = {}
-    for e in journal.entries:
-        path = root / FILES / e.project / e.file
-        sidecar = path.with_name(e.file + ".metadata")
-        if not path.is_file():
-            problems.append(f"{path.relative_to(root)}: in the manifest but missing")
+def house_files(root: Path):
+    """(path relative to the house, path, lstat) of every entry under files/ (two levels), temporaries
+    (dot-names, a crashed publish's leftovers: prune removes them) left out. Never follows a link."""
+    top = root / FILES
+    try:
+        firsts = sorted(os.scandir(top), key=lambda d: d.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for d in firsts:
+        if d.name.startswith("."):
             continue
-        got = hashes[path.resolve()] = file_sha256(path)
+        st = d.stat(follow_symlinks=False)
+        yield f"{FILES}/{d.name}", Path(d.path), st
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        for f in sorted(os.scandir(d.path), key=lambda f: f.name):
+            if not f.name.startswith("."):
+                yield f"{FILES}/{d.name}/{f.name}", Path(f.path), f.stat(follow_symlinks=False)
+
+
+def unaccounted(root: Path, names: set[str]) -> list[str]:
+    """Entries under files/ that no journal record (by wheel file name) accounts for."""
+    out = []
+    for rel, _, st in house_files(root):
+        depth2 = rel.count("/") == 2
+        if depth2 and rel.rsplit("/", 1)[1].removesuffix(".metadata") in names:
+            continue
+        if depth2 or not stat.S_ISDIR(st.st_mode):
+            out.append(rel)
+    return out
+
+
+def _kind(st: os.stat_result) -> str | None:
+    """None for a regular file, else what it is instead."""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return "a symlink" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+
+
+def verify(wheelhouse) -> list[str]:
+    """Check the whole house; one line per problem (empty: all good).
+
+    The journal (missing, empty, torn tail, damaged lines), every wheel and sidecar re-hashed against
+    it, everything under files/ (symlinks and other non-regular files, orphans no record accounts for),
+    every page and packages.json against what the journal gives, the journal cache, and every link of
+    every page. Reads every wheel body; index pages never do, this is the separate check SPEC 10 asks
+    for. A symlink is reported, never followed.
+    """
+    root = house_folder(wheelhouse)
+    path = root / MANIFEST
+    problems: list[str] = []
+    fix = "`farm index recover` rebuilds it from files/"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+        problems.append(f"{MANIFEST}: missing; {fix}")
+    except OSError as exc:
+        data = None
+        problems.append(f"{MANIFEST}: unreadable ({exc.strerror}); {fix}")
+    if data == b"":
+        problems.append(f"{MANIFEST}: empty; {fix}")
+    found = scan(data or b"")
+    problems += [f"{MANIFEST}:{n}: {problem}; {fix}" for n, problem in found.bad]
+    if found.torn:
+        problems.append(f"{MANIFEST}:{found.torn_line}: torn last record ({found.torn} bytes without a newline); "
+                        "`farm index recover` cuts it and re-adds its wheel from files/")
+    try:
+        live, _ = _live(path, ((n, rec) for n, _, rec in found.records))
+    except BadInput as exc:
+        problems.append(f"{exc}; {fix}")
+        live = {}
+    entries = list(live.values())
+    cache = cache_problem(root)
+    if cache:
+        problems.append(cache)
+    hashes: dict[Path, str] = {}
+    for e in entries:
+        wheel = root / FILES / e.project / e.file
+        sidecar = wheel.with_name(e.file + ".metadata")
+        rel = f"{FILES}/{e.project}/{e.file}"
+        try:
+            st = wheel.lstat()
+        except OSError:
+            problems.append(f"{rel}: in the manifest but missing; republish the wheel")
+            continue
+        if _kind(st):
+            continue  # reported with everything else under files/ below
+        got = hashes[wheel.resolve()] = file_sha256(wheel)
         if got != e.sha256:
-            problems.append(f"{path.relative_to(root)}: sha256 {got} but the manifest says {e.sha256}")
-        if path.stat().st_size != e.size:
-            problems.append(f"{path.relative_to(root)}: {path.stat().st_size} bytes but the manifest says {e.size}")
-        if not sidecar.is_file():
-            problems.append(f"{sidecar.relative_to(root)}: missing")
+            problems.append(f"{rel}: sha256 {got} but the manifest says {e.sha256}; republish the good wheel")
+        if st.st_size != e.size:
+            problems.append(f"{rel}: {st.st_size} bytes but the manifest says {e.size}")
+        try:
+            if _kind(sidecar.lstat()):
+                continue
+        except OSError:
+            problems.append(f"{rel}.metadata: missing; `farm index recover` writes it from the wheel")
             continue
         side = sidecar.read_bytes()
         if hashlib.sha256(side).hexdigest() != e.metadata_sha256:
-            problems.append(f"{sidecar.relative_to(root)}: sha256 differs from the manifest's metadata_sha256")
+            problems.append(f"{rel}.metadata: sha256 differs from the manifest's metadata_sha256")
         try:
-            with zipfile.ZipFile(path) as zf:
+            with zipfile.ZipFile(wheel) as zf:
                 inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
                 if len(inner) != 1 or zf.read(inner[0]) != side:
-                    problems.append(f"{sidecar.relative_to(root)}: not byte-identical to the wheel's METADATA")
+                    problems.append(f"{rel}.metadata: not byte-identical to the wheel's METADATA")
         except zipfile.BadZipFile:
-            problems.append(f"{path.relative_to(root)}: not a zip archive")
+            problems.append(f"{rel}: not a zip archive")
+    accounted = {f"{FILES}/{e.project}/{e.file}{x}" for e in entries for x in ("", ".metadata")}
+    for rel, entry, st in house_files(root):
+        kind = _kind(st)
+        if rel.count("/") == 1:
+            if kind != "a folder":
+                problems.append(f"{rel}: {kind or 'a file'}, not a project folder; `farm index recover` removes it")
+            continue
+        if kind:
+            target = f" to {os.readlink(entry)}" if kind == "a symlink" else ""
+            problems.append(f"{rel}: {kind}{target}, not a regular file; `farm index recover` removes it")
+        elif rel not in accounted:
+            problems.append(f"{rel}: no manifest record accounts for it (an orphan); `farm index recover` adds it")
+    problems += _page_problems(root, entries)
     problems += check_links(root, hashes)
+    return problems
+
+
+def _page_problems(root: Path, entries) -> list[str]:
+    """Every page and packages file the journal gives exists with those bytes; no page it does not give."""
+    try:
+        site = Site(House.derive(entries, Config.load(root)))
+    except BadInput as exc:
+        return [str(exc)]
+    expected = expected_files(root, site)
+    problems = []
+    for rel, data in sorted(expected.items()):
+        page = root / rel
+        try:
+            if page.is_symlink() or page.read_bytes() != data:
+                problems.append(f"{rel}: differs from what the manifest gives; `farm index rebuild` rewrites it")
+        except FileNotFoundError:
+            problems.append(f"{rel}: missing; `farm index rebuild` writes it")
+    for key in sorted(set(existing_page_keys(root)) - set(site.kind)):
+        problems.append(f"{key}/index.html: a page the manifest does not give; `farm index rebuild` removes it")
     return problems
 
 
@@ -158,10 +299,14 @@ def prune(wheelhouse, before: datetime | str) -> PruneResult:
 
     Journal first, then pages, then the files: at no point does a page link a deleted file.
     """
-    root = Path(wheelhouse)
+    root = house_folder(wheelhouse)
     cutoff = parse_date(before) if isinstance(before, str) else before
     result = PruneResult()
     with locked(root):
+        problems = verify(root)
+        if problems:
+            raise FarmError(f"{display(root)}: prune refused while `farm index verify` finds {len(problems)} "
+                            f"problem(s), first: {shorten(problems[0])}; nothing deleted")
         journal = read_journal(root)
         config = Config.load(root)
         house = House.derive(journal.entries, config)
@@ -181,17 +326,14 @@ def prune(wheelhouse, before: datetime | str) -> PruneResult:
                 (folder / (e.file + ".metadata")).unlink(missing_ok=True)
                 step(f"pruned {e.file}")
                 result.removed.append(e.file)
-        # Files no journal record names: a publish that died between rename and append, or a temporary.
-        gone = {e.file for e in doomed}
-        live = {(e.project, e.file) for e in journal.entries if e.file not in gone}
-        limit = cutoff.timestamp()
+        # Temporaries of publishes that died before their rename. A wheel no record names is never
+        # deleted here: verify reports it and `farm index recover` adds it back to the journal.
+        limit = min(cutoff.timestamp(), time.time() - 3600)
         for folder in (root / FILES).glob("*"):
-            for path in folder.iterdir():
-                name = path.name.removesuffix(".metadata")
-                if name.startswith(".") and not path.name.endswith(".tmp"):
-                    continue
-                if (folder.name, name) in live or path.stat().st_mtime >= min(limit, time.time() - 3600):
-                    continue
-                path.unlink(missing_ok=True)
-                result.orphans.append(f"{folder.name}/{path.name}")
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            for path in folder.glob(".*.tmp"):
+                if not path.is_symlink() and path.is_file() and path.stat().st_mtime < limit:
+                    path.unlink(missing_ok=True)
+                    result.orphans.append(f"{folder.name}/{path.name}")
     return result

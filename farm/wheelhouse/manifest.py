@@ -3,9 +3,23 @@
 One JSON object per line. `{"op": "add", ...}` records a published wheel (a
 ManifestEntry); `{"op": "remove", "file": ...}` records a pruned one. Lines are
 appended under an exclusive lock (flock on `.lock`, released by the kernel
-when the holder dies), written with one write() and fsynced. A line without
-its newline is a record whose writer died mid-append: readers ignore it and
-the next appender cuts it off, so it never counts.
+when the holder dies), written with one write() and fsynced.
+
+Framing: every line written carries its own checksum as its last key,
+`{...,"~crc32":"1a2b3c4d"}`, the CRC-32 of the same line with that key left
+out (`{...}`). The line stays plain JSON, so the whole journal still parses in
+one json.loads. Lines without the key (written before framing, or by hand)
+are read as they are: existing houses load unchanged, and `farm index recover`
+rewrites the whole journal framed when asked. A line that fails its checksum,
+is not UTF-8 or not JSON is damage: readers refuse in one line naming it.
+
+A torn tail is the bytes after the last newline: an append whose writer died
+mid-write. Readers ignore it. `farm index verify` reports it (exit 1); `farm
+index recover` cuts it (saying so) and re-derives any wheel it described from
+files/. A publish cuts it only when every file under files/ is accounted for
+by the journal; otherwise (or when the journal is missing or empty while
+files/ holds wheels) it refuses in one line, so a record is never dropped
+silently.
 
 Yanking is not journalled: it is a pure function of the journal (retention
 keeps the last two wheels per cell, SPEC 10), so pages and `packages.json`
@@ -16,9 +30,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
-import pickle
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -31,7 +46,7 @@ from .names import hyphen_name
 MANIFEST = "manifest.jsonl"
 LOCK = ".lock"
 CACHE = ".manifest.idx"
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 CACHE_EVERY = 256   # journal lines read past the cache before it is rewritten
 KEEP_PER_CELL = 2
 
@@ -129,16 +144,125 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def house_folder(root, create: bool = False) -> Path:
+    """The wheelhouse folder, refused in one line when it is a file, or missing and not to be created.
+
+    Only commands that publish create a house; the ones asked to read or
+    repair one never make a folder.
+    """
+    root = Path(root)
+    if root.is_dir():
+        return root
+    if root.exists() or root.is_symlink():
+        raise BadInput(display(root), "--wheelhouse", None, "not a folder")
+    if not create:
+        raise BadInput(display(root), "--wheelhouse", None, "no such wheelhouse (nothing created)")
+    parent = root.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(display(root), "--wheelhouse", None, f"cannot be created: {display(parent)} is not a folder")
+    return root
+
+
 @contextmanager
-def locked(root: Path) -> Iterator[None]:
+def locked(root: Path, create: bool = False) -> Iterator[None]:
     """The wheelhouse's exclusive lock: journal appends and page writes happen inside it."""
+    root = house_folder(root, create)
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing drops the flock
+
+
+# ---------------------------------------------------------------- framing
+
+_MARK = b',"~crc32":"'
+_FRAME = len(_MARK) + 8 + 2     # ,"~crc32":"XXXXXXXX"}
+
+
+def frame(text: str) -> str:
+    """One JSON object's text with its checksum as its last key (see the module docstring)."""
+    if not (text.startswith("{") and text.endswith("}")) or text == "{}":
+        raise ValueError("frame() takes a non-empty JSON object")
+    return f'{text[:-1]},"~crc32":"{zlib.crc32(text.encode("utf-8")):08x}"}}'
+
+
+def _line_text(raw: bytes) -> tuple[str | None, str | None]:
+    """(text, None) for a line that may be a record (framed and intact, or unframed), else (None, problem)."""
+    if raw[-_FRAME:-10] == _MARK and raw.endswith(b'"}'):
+        try:
+            ok = zlib.crc32(raw[:-_FRAME] + b"}") == int(raw[-10:-2], 16)
+        except ValueError:
+            ok = False
+        if not ok:
+            return None, "checksum mismatch (a damaged record)"
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "not UTF-8 (binary)"
+
+
+@dataclass
+class Scan:
+    """What a read of journal bytes found: good records, damaged complete lines, and a torn tail."""
+
+    records: list[tuple[int, str, dict]] = field(default_factory=list)   # (line number, text, record)
+    bad: list[tuple[int, str]] = field(default_factory=list)             # (line number, problem)
+    torn: int = 0            # bytes after the last newline (a torn append)
+    torn_line: int = 0       # its line number
+    end: int = 0             # bytes of complete lines (where a torn tail starts)
+    lines: int = 0           # complete lines, blank ones included
+
+
+def scan(data: bytes, first: int = 1) -> Scan:
+    """Split journal bytes into records, damaged lines and a torn tail; never raises on content."""
+    out = Scan()
+    out.end = data.rfind(b"\n") + 1
+    out.torn = len(data) - out.end
+    raws = data[:out.end].split(b"\n")[:-1]
+    out.lines = len(raws)
+    out.torn_line = first + len(raws)
+    texts: list[tuple[int, str]] = []
+    for n, raw in enumerate(raws, first):
+        if not raw.strip():
+            continue
+        text, problem = _line_text(raw)
+        if problem:
+            out.bad.append((n, problem))
+        else:
+            texts.append((n, text))
+    try:  # one parse for many lines is several times faster than one per line
+        parsed = json.loads("[" + ",".join(t for _, t in texts) + "]")
+    except (json.JSONDecodeError, RecursionError):
+        parsed = []
+        for _, text in texts:
+            try:
+                parsed.append(json.loads(text))
+            except (json.JSONDecodeError, RecursionError) as exc:
+                parsed.append(exc)
+    for (n, text), rec in zip(texts, parsed, strict=True):
+        if isinstance(rec, Exception):
+            out.bad.append((n, f"not JSON: {getattr(rec, 'msg', rec)}"))
+        elif not isinstance(rec, dict) or rec.get("op") not in ("add", "remove") \
+                or not isinstance(rec.get("project", ""), str) or not isinstance(rec.get("file"), str):
+            out.bad.append((n, "not a manifest record (an object with op add or remove, file and project)"))
+        else:
+            out.records.append((n, text, rec))
+    out.bad.sort()
+    return out
+
+
+def refuse_damage(path: Path, found: Scan) -> None:
+    """Readers stop at damaged complete lines: one line naming the first, and the command that repairs."""
+    if found.bad:
+        n, problem = found.bad[0]
+        more = f" ({len(found.bad) - 1} more damaged line(s))" if len(found.bad) > 1 else ""
+        raise BadInput(f"{display(path)}:{n}", None, None,
+                       f"{problem}{more}; `farm index recover` rebuilds the manifest from files/")
 
 
 @dataclass
@@ -147,6 +271,9 @@ class Journal:
 
     entries: list[ManifestEntry]
     removed: dict[str, str]          # file -> when (for prune bookkeeping)
+    exists: bool = True              # manifest.jsonl is there
+    size: int = 0
+    torn: int = 0                    # bytes of a torn tail (ignored)
 
     def live(self) -> list[ManifestEntry]:
         return self.entries
@@ -167,7 +294,10 @@ def _live(path: Path, records: Iterable[tuple[int, dict | None]]) -> tuple[dict[
             missing = _REQUIRED - rec.keys()
             if missing:
                 raise BadInput(f"{display(path)}:{n}", sorted(missing)[0], None, "missing in a manifest record")
-            entry = ManifestEntry.from_dict(rec)
+            try:
+                entry = ManifestEntry.from_dict(rec)
+            except TypeError as exc:
+                raise BadInput(f"{display(path)}:{n}", None, None, f"not a manifest record: {exc}") from None
             live.pop(entry.file, None)
             live[entry.file] = entry
             removed.pop(entry.file, None)
@@ -179,37 +309,25 @@ def _live(path: Path, records: Iterable[tuple[int, dict | None]]) -> tuple[dict[
     return live, removed
 
 
-def _complete_lines(data: bytes) -> list[str]:
-    end = data.rfind(b"\n") + 1  # a torn last line (no newline) is not a record yet
-    return data[:end].decode("utf-8").split("\n")[:-1]
-
-
-def _parse_line(path: Path, i: int, line: str):
-    if not line.strip():
-        return None
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{display(path)}:{i}", None, line[:60], f"not JSON: {exc.msg}") from None
-
-
 def _parse_all(path: Path, lines: list[str], first: int = 1) -> list[tuple[int, dict | None]]:
-    try:  # one parse for many lines is several times faster than one per line
-        records = json.loads("[" + ",".join(line or "null" for line in lines) + "]")
-    except json.JSONDecodeError:
-        records = [_parse_line(path, i, line) for i, line in enumerate(lines, first)]
+    """Lines already checked by scan() (or this process's own): parse in one go."""
+    records = json.loads("[" + ",".join(line or "null" for line in lines) + "]")
     return list(enumerate(records, first))
 
 
 def read_journal(root: Path) -> Journal:
-    """Parse all of manifest.jsonl; a torn last line is ignored, any other bad line is BadInput."""
+    """Parse all of manifest.jsonl. A torn tail is ignored (Journal.torn); a damaged line is BadInput."""
     path = Path(root) / MANIFEST
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return Journal([], {})
-    live, removed = _live(path, _parse_all(path, _complete_lines(data)))
-    return Journal(list(live.values()), removed)
+        return Journal([], {}, exists=False)
+    except IsADirectoryError:
+        raise BadInput(display(path), None, None, "not a file") from None
+    found = scan(data)
+    refuse_damage(path, found)
+    live, removed = _live(path, ((n, rec) for n, _, rec in found.records))
+    return Journal(list(live.values()), removed, size=len(data), torn=found.torn)
 
 
 @dataclass(frozen=True)
@@ -227,16 +345,32 @@ class Summary:
                    tuple(sorted({e.cuda for e in entries if not e.torch})),
                    tuple(sorted({f for e in entries for f in (hyphen_name(e.name), e.project)})))
 
+    def to_list(self) -> list:
+        return [[list(p) for p in self.linked], list(self.free), list(self.folders)]
+
+    @classmethod
+    def from_list(cls, data) -> Summary:
+        linked, free, folders = data
+        pairs = tuple((str(c), str(t)) for c, t in linked)
+        if not all(isinstance(x, str) for x in (*free, *folders)):
+            raise ValueError("not a summary")
+        return cls(pairs, tuple(free), tuple(folders))
+
+
+def _head_digest(head: bytes) -> str:
+    return hashlib.sha256(head).hexdigest()
+
 
 class JournalIndex:
     """The journal's raw lines grouped by project, with a Summary per project.
 
     All journal semantics are per project (a file name fixes its project), so a
     publish parses only the lines of the projects it touches. The grouping is
-    cached in `.manifest.idx` with the byte offset it covers; lines appended
-    since are read on load. The cache is only an accelerator: if it does not
-    match the journal (other file, other head, offset not at a line end) it
-    is ignored and the journal parsed in full.
+    cached as JSON in `.manifest.idx` (no format that can run code) with the
+    byte offset it covers; lines appended since are read on load. The cache is
+    only an accelerator: if it is unreadable, or does not match the journal
+    (other file, other head, offset not at a line end), it is ignored, the
+    journal parsed in full and the cache rewritten at the next save.
     """
 
     def __init__(self, root: Path):
@@ -248,6 +382,10 @@ class JournalIndex:
         self.ino = None
         self.head = b""
         self.unsaved = 0
+        self.cache_bad = False      # a cache file was there but unusable: rewrite it at the next save
+        self.torn = 0               # bytes of a torn tail past the last complete line
+        self.size = 0
+        self.exists = False
         self._entries: dict[str, list[ManifestEntry]] = {}
         self._parsed: dict[int, dict | None] = {}   # line number -> record, for lines parsed while loading
 
@@ -258,30 +396,36 @@ class JournalIndex:
         try:
             fh = open(path, "rb")
         except FileNotFoundError:
+            idx.cache_bad = (idx.root / CACHE).exists()
             return idx
+        except IsADirectoryError:
+            raise BadInput(display(path), None, None, "not a file") from None
         with fh:
             st = os.fstat(fh.fileno())
             head = fh.read(4096)
             cached = idx._read_cache(st.st_ino, head, fh)
             if cached is not None:
                 idx = cached
+            else:
+                idx.cache_bad = (idx.root / CACHE).exists()
             idx.ino, idx.head = st.st_ino, head
             fh.seek(idx.offset)
             tail = fh.read()
-        lines = _complete_lines(tail)
+        idx.exists = True
+        found = scan(tail, idx.count + 1)
+        refuse_damage(path, found)
         touched = set()
-        for text, (n, rec) in zip(lines, _parse_all(path, lines, idx.count + 1), strict=True):
-            idx.count += 1
-            if rec is None:
-                continue
-            project = rec.get("project") if isinstance(rec, dict) else None
-            if not isinstance(project, str):
+        for n, text, rec in found.records:
+            project = rec.get("project")
+            if not project:
                 raise BadInput(f"{display(path)}:{n}", "project", project, "every manifest record names its project")
-            idx.lines.setdefault(project, []).append((idx.count, text))
-            idx._parsed[idx.count] = rec
+            idx.lines.setdefault(project, []).append((n, text))
+            idx._parsed[n] = rec
             touched.add(project)
-        idx.offset += sum(len(line.encode("utf-8")) + 1 for line in lines)
-        idx.unsaved += len(lines)
+        idx.count += found.lines
+        idx.offset += found.end
+        idx.torn, idx.size = found.torn, idx.offset + found.torn
+        idx.unsaved += found.lines
         for project in touched:
             idx._entries.pop(project, None)
             idx.summaries[project] = Summary.of(idx.entries(project))
@@ -291,31 +435,42 @@ class JournalIndex:
     def _read_cache(self, ino: int, head: bytes, fh) -> JournalIndex | None:
         try:
             with open(self.root / CACHE, "rb") as c:
-                data = pickle.load(c)
-            if data.get("version") != CACHE_VERSION or data["ino"] != ino or data["head"] != head[:len(data["head"])]:
+                data = json.loads(c.read())
+            if data.get("version") != CACHE_VERSION or data["ino"] != ino:
                 return None
-            if data["offset"]:
-                fh.seek(data["offset"] - 1)
+            n = data["head_len"]
+            if not isinstance(n, int) or n > len(head) or _head_digest(head[:n]) != data["head"]:
+                return None
+            offset, count = data["offset"], data["count"]
+            if not (isinstance(offset, int) and isinstance(count, int) and offset >= 0 and count >= 0):
+                return None
+            if offset:
+                fh.seek(offset - 1)
                 if fh.read(1) != b"\n":
                     return None
-        except Exception:  # a missing, torn or foreign cache is no error: parse the journal instead
+            lines = {str(p): [(int(k), str(t)) for k, t in rows] for p, rows in data["lines"].items()}
+            summaries = {str(p): Summary.from_list(s) for p, s in data["summaries"].items()}
+        except Exception:  # a missing, torn, garbage or foreign cache is no error: parse the journal instead
             return None
         idx = JournalIndex(self.root)
-        idx.lines, idx.summaries = data["lines"], data["summaries"]
-        idx.offset, idx.count = data["offset"], data["count"]
+        idx.lines, idx.summaries = lines, summaries
+        idx.offset, idx.count = offset, count
         return idx
 
     def save(self, force: bool = False) -> None:
         """Rewrite the cache (caller holds the lock) when enough lines were read past it."""
-        if not (force or self.unsaved >= CACHE_EVERY) or self.ino is None:
+        if not (force or self.cache_bad or self.unsaved >= CACHE_EVERY) or self.ino is None:
             return
-        data = {"version": CACHE_VERSION, "ino": self.ino, "head": self.head[:4096], "offset": self.offset,
-                "count": self.count, "lines": self.lines, "summaries": self.summaries}
-        tmp = self.root / f"{CACHE}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, self.root / CACHE)
+        head = self.head[:4096]
+        data = {"version": CACHE_VERSION, "ino": self.ino, "head": _head_digest(head), "head_len": len(head),
+                "offset": self.offset, "count": self.count, "lines": self.lines,
+                "summaries": {p: s.to_list() for p, s in self.summaries.items()}}
+        tmp = self.root / f".{CACHE}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, separators=(",", ":"))
+        os.replace(tmp, self.root / CACHE)  # a cache need not survive a crash: no fsync
         self.unsaved = 0
+        self.cache_bad = False
 
     def projects(self) -> list[str]:
         return sorted(p for p, s in self.summaries.items() if s.folders)
@@ -332,7 +487,8 @@ class JournalIndex:
         return self._entries[project]
 
     def appended(self, lines: list[str]) -> None:
-        """Account for records this process just appended (under the lock)."""
+        """Account for records this process just appended (under the lock), after a cut torn tail."""
+        self.torn = 0
         for text in lines:
             self.count += 1
             project = json.loads(text)["project"]
@@ -341,19 +497,42 @@ class JournalIndex:
             self.summaries[project] = Summary.of(self.entries(project))
             self.offset += len(text.encode("utf-8")) + 1
             self.unsaved += 1
+        self.size = self.offset
         if self.ino is None:
             st = os.stat(self.root / MANIFEST)
             with open(self.root / MANIFEST, "rb") as fh:
                 self.ino, self.head = st.st_ino, fh.read(4096)
+        elif len(self.head) < 4096:
+            with open(self.root / MANIFEST, "rb") as fh:
+                self.head = fh.read(4096)
 
 
-def append_records(root: Path, lines: Iterable[str]) -> None:
-    """Append records (caller holds the lock). Cuts off a torn tail first; one write, then fsync."""
-    payload = "".join(line + "\n" for line in lines).encode("utf-8")
+def cache_problem(root: Path) -> str | None:
+    """A `.manifest.idx` that is there but no cache this farm wrote (garbage, another format), else None.
+    Such a cache is only ignored and rewritten; `farm index verify` still names it."""
+    path = Path(root) / CACHE
+    try:
+        data = json.loads(path.read_bytes())
+        ok = isinstance(data, dict) and data.get("version") == CACHE_VERSION and \
+            isinstance(data.get("lines"), dict) and isinstance(data.get("summaries"), dict)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError):
+        ok = False
+    return None if ok else f"{CACHE}: not a journal cache (ignored); the next publish or `farm index recover` rewrites it"
+
+
+def append_records(root: Path, lines: Iterable[str]) -> list[str]:
+    """Append records, framed (caller holds the lock). Cuts off a torn tail first; one write, then fsync.
+
+    Returns the lines as written (framed).
+    """
+    framed = [frame(line) for line in lines]
+    payload = "".join(line + "\n" for line in framed).encode("utf-8")
     if not payload:
-        return
+        return []
     path = Path(root) / MANIFEST
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     try:
         size = os.fstat(fd).st_size
         if size:
@@ -363,7 +542,8 @@ def append_records(root: Path, lines: Iterable[str]) -> None:
                 cut = tail.rfind(b"\n")
                 keep = tail_start + cut + 1 if cut >= 0 else (0 if tail_start == 0 else None)
                 if keep is None:
-                    raise FarmError(f"{display(path)}: last record longer than 64 KiB and torn; repair by hand")
+                    raise FarmError(f"{display(path)}: last record longer than 64 KiB and torn; "
+                                    "`farm index recover` repairs it")
                 os.ftruncate(fd, keep)
         step("manifest: before append")
         fault = os.environ.get("FARM_WHEELHOUSE_FAULT_AT")
@@ -375,6 +555,20 @@ def append_records(root: Path, lines: Iterable[str]) -> None:
         step("manifest: appended")
     finally:
         os.close(fd)
+    return framed
+
+
+def write_journal(root: Path, lines: Iterable[str]) -> None:
+    """Replace the whole journal (caller holds the lock): framed lines to a temporary, fsync, rename."""
+    path = Path(root) / MANIFEST
+    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write("".join(frame(line) + "\n" for line in lines).encode("utf-8"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    (Path(root) / CACHE).unlink(missing_ok=True)
 
 
 def _write_all(fd: int, data: bytes) -> None:

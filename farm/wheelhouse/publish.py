@@ -9,6 +9,12 @@ Order of writes, each one leaving an index whose every link resolves:
 4. still under the lock, only the pages whose listing changed are regenerated from the journal.
 A crash before 3 leaves temporaries nothing links; between 3 and 4 the pages are stale but complete, and
 publishing the same wheel again (a no-op on the journal) regenerates every page its arrival changes.
+
+Validation includes the verify gate's file checks (`farm.verify.wheel_file_problems`: member paths, links,
+WHEEL, RECORD hashes), not its import check. Publishing a wheel already recorded with the same sha256
+re-hashes the copy in files/: a damaged, missing or replaced copy (or sidecar) is put back atomically.
+On top of a torn, missing or empty journal a publish refuses while files/ holds a file the journal does
+not account for (see manifest.py): `farm index recover` first.
 """
 
 from __future__ import annotations
@@ -29,13 +35,16 @@ from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
 from .index import FILES, Config, House, Site, channel_lines, update
+from .maintain import file_sha256, unaccounted
 from .manifest import (
+    MANIFEST,
     JournalIndex,
     ManifestEntry,
     PublishConflict,
     Summary,
     append_records,
     fsync_dir,
+    house_folder,
     locked,
     step,
 )
@@ -51,6 +60,8 @@ class PublishResult:
     published: list[ManifestEntry] = field(default_factory=list)   # new in the journal
     already: list[ManifestEntry] = field(default_factory=list)     # same bytes were already published
     pages: list[str] = field(default_factory=list)                 # page keys regenerated
+    replaced: list[ManifestEntry] = field(default_factory=list)    # already published, but the copy on disk was damaged
+    notes: list[str] = field(default_factory=list)                 # what was repaired on the way (a torn journal tail)
 
 
 @dataclass
@@ -66,6 +77,17 @@ class _Prepared:
     size: int = 0
 
 
+def _refuse_smoke(zf: zipfile.ZipFile, member: str, where: str) -> None:
+    """A smoke build (`farm build --smoke`) carries one token of its cell's list: never published."""
+    try:
+        info = json.loads(zf.read(member))
+    except (KeyError, ValueError):
+        return
+    if isinstance(info, dict) and info.get("tier") == "smoke":
+        raise BadInput(where, "farm_build.json tier", "smoke",
+                       f"a smoke build carries only {info.get('arch_list')} of its cell's list; publish a full build")
+
+
 def read_metadata(wheel: Path, wn: WheelName) -> tuple[bytes, str, str | None]:
     """The wheel's METADATA bytes, Name and Requires-Python; Name and Version must agree with the file name."""
     where = display(wheel)
@@ -77,6 +99,7 @@ def read_metadata(wheel: Path, wn: WheelName) -> tuple[bytes, str, str | None]:
                 raise BadInput(where, "METADATA", candidates or None,
                                "expected exactly one <name>-<version>.dist-info/METADATA")
             data = zf.read(candidates[0])
+            _refuse_smoke(zf, candidates[0].replace("/METADATA", "/farm_build.json"), where)
     except (zipfile.BadZipFile, OSError) as exc:
         raise BadInput(where, None, None, f"not a readable wheel (zip) file: {exc}") from None
     headers = BytesHeaderParser().parsebytes(data)
@@ -143,6 +166,12 @@ def _prepare(wheel: Path, rec: dict) -> _Prepared:
     wn = parse_wheel_name(wheel.name, display(wheel))
     if not wheel.is_file():
         raise BadInput(display(wheel), None, None, "file not found")
+    from ..verify import wheel_file_problems  # the gate's file checks only; its import is ~0.1 s
+
+    problems = wheel_file_problems(wheel)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise BadInput(display(wheel), None, None, f"not a sound wheel file: {problems[0]}{more}")
     metadata, name, requires = read_metadata(wheel, wn)
     _check_record(f"build record of {wheel.name}", wn, rec)
     return _Prepared(wheel, wn, metadata, requires, rec, metadata_name=name)
@@ -151,11 +180,14 @@ def _prepare(wheel: Path, rec: dict) -> _Prepared:
 def _stage(root: Path, p: _Prepared) -> None:
     """Copy under a temporary dot-name next to its final place, hashing on the way; fsync."""
     folder = root / FILES / p.name.project
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise BadInput(display(folder), None, None, "not a real folder (a symlink or a file); `farm index recover` "
+                                                    "removes it; nothing published")
     folder.mkdir(parents=True, exist_ok=True)
     p.temp = folder / f".{p.name.file}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     digest = hashlib.sha256()
     size = 0
-    with open(p.source, "rb") as src, open(p.temp, "wb") as dst:
+    with open(p.source, "rb") as src, open(p.temp, "xb") as dst:
         while chunk := src.read(CHUNK):
             digest.update(chunk)
             dst.write(chunk)
@@ -201,9 +233,40 @@ def _place(root: Path, p: _Prepared) -> None:
     step(f"placed {p.name.file}")
 
 
+def _intact_copy(folder: Path, old: ManifestEntry, metadata: bytes) -> bool:
+    """The published wheel and its sidecar are regular files with the recorded bytes."""
+    wheel, sidecar = folder / old.file, folder / f"{old.file}.metadata"
+    try:
+        if not (wheel.lstat().st_size == old.size and os.path.isfile(sidecar) and not sidecar.is_symlink()):
+            return False
+        if not wheel.is_file() or wheel.is_symlink() or sidecar.read_bytes() != metadata:
+            return False
+        return file_sha256(wheel) == old.sha256
+    except OSError:
+        return False
+
+
+def _refuse_on_a_damaged_journal(root: Path, idx: JournalIndex, result: PublishResult) -> None:
+    """A torn, missing or empty journal: go on only when every file in files/ is accounted for."""
+    if idx.exists and idx.size and not idx.torn:
+        return
+    state = ("missing" if not idx.exists else "empty" if not idx.size
+             else f"torn: its last record ({idx.torn} bytes) never completed")
+    names = {json.loads(text).get("file") for rows in idx.lines.values() for _, text in rows}
+    strays = unaccounted(root, names)
+    if strays:
+        more = f" (and {len(strays) - 1} more)" if len(strays) > 1 else ""
+        raise BadInput(display(root / MANIFEST), None, None,
+                       f"{state}, while {strays[0]}{more} is in no record; `farm index recover` rebuilds the "
+                       "manifest from files/ first; nothing published")
+    if idx.torn:
+        result.notes.append(f"cut the torn last record of {MANIFEST} ({idx.torn} bytes); every file under "
+                            f"{FILES}/ has a record")
+
+
 def publish(wheels, wheelhouse, record=None) -> PublishResult:
     """Publish wheel files into the wheelhouse. `record`: build record(s) (see load_records)."""
-    root = Path(wheelhouse)
+    root = house_folder(wheelhouse, create=True)
     paths = [Path(w) for w in wheels]
     seen: dict[str, Path] = {}
     for w in paths:
@@ -216,9 +279,10 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
     try:
         for p in prepared:
             _stage(root, p)
-        with locked(root):
+        with locked(root, create=True):
             step("locked")
             idx = JournalIndex.load(root)
+            _refuse_on_a_damaged_journal(root, idx, result)
             config = Config.load(root)
             projects = {p.name.project for p in prepared}
             live = {e.file: e for project in projects for e in idx.entries(project)}
@@ -233,10 +297,13 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
                         f"(sha256 {old.sha256[:12]}..., this one {p.sha256[:12]}...); a rebuild needs a higher build number")
                 else:
                     repeat.append((p, old))
-            for p, old in repeat:  # same bytes: restore what a crash may have lost, then only pages
+            for p, old in repeat:  # same bytes: restore what a crash or damage took, then only pages
                 folder = root / FILES / old.project
-                if not (folder / old.file).exists() or not (folder / f"{old.file}.metadata").exists():
+                if not _intact_copy(folder, old, p.metadata):
+                    existed = os.path.lexists(folder / old.file)
                     _place(root, p)
+                    if existed:
+                        result.replaced.append(old)
                 result.already.append(old)
             # A crash may have come between an earlier journal append and its pages: diff against the
             # house without the repeated wheels, so every page their arrival changes (a new channel's
@@ -252,8 +319,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             new_entries = [_entry(p, now, host) for p in fresh]
             for p in fresh:
                 _place(root, p)
-            records = [e.to_json() for e in new_entries]
-            append_records(root, records)
+            records = append_records(root, [e.to_json() for e in new_entries])
             idx.appended(records)
             result.published = new_entries
             lines_after = channel_lines(idx.summaries.values(), config)

@@ -1,0 +1,191 @@
+"""`farm index recover`: rebuild the journal from what is on disk, then every page (SPEC 10).
+
+For a house whose journal is torn, damaged, missing or empty, or whose files/ holds files no record
+accounts for. Under the lock:
+1. the journal's readable records are kept in their order; damaged lines and a torn tail are dropped
+   (and counted);
+2. every wheel under files/<project>/ is hashed: a recorded one with its recorded sha256 keeps its
+   record; one no record accounts for gets a record derived from the file itself (its name, METADATA,
+   its own `.dist-info/farm_build.json` build record; `published` is the file's mtime), after the
+   gate's file checks; a missing or wrong `.metadata` sidecar is rewritten from the wheel;
+3. symlinks and other non-regular entries under files/ are removed (the link, never its target),
+   and so are sidecars whose wheel is gone; records whose wheel is gone are dropped;
+4. the journal is replaced atomically, every line framed, and every page regenerated from it.
+Nothing that is a wheel on disk is deleted. A recorded wheel whose bytes no longer match its record
+stays recorded (with the recorded sha256) and is reported: republishing the good wheel replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import BadInput
+from ..label import BUILD_INFO_NAME
+from .index import FILES, rebuild_pages
+from .maintain import file_sha256, house_files
+from .manifest import _REQUIRED, MANIFEST, ManifestEntry, house_folder, locked, scan, write_journal
+from .names import parse_wheel_name
+from .publish import _check_record, _entry, _Prepared, read_metadata
+
+
+@dataclass
+class RecoverResult:
+    kept: int = 0
+    added: list[str] = field(default_factory=list)       # wheels given a record from the file itself
+    dropped: list[str] = field(default_factory=list)     # records whose wheel is gone
+    removed: list[str] = field(default_factory=list)     # links / strays taken out of files/
+    sidecars: list[str] = field(default_factory=list)    # .metadata rewritten from the wheel
+    damaged: list[str] = field(default_factory=list)     # bytes differ from the record: republish the good wheel
+    left: list[str] = field(default_factory=list)        # files recover cannot list (not a farm wheel, ...)
+    bad_lines: int = 0                                    # damaged journal lines dropped
+    torn: int = 0                                         # bytes of a torn tail cut
+    pages: int = 0
+
+
+def _build_record(zf: zipfile.ZipFile) -> dict:
+    """The wheel's own .dist-info/farm_build.json, or {} when it has none or it is not a JSON object."""
+    names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
+    if len(names) != 1:
+        return {}
+    try:
+        rec = json.loads(zf.read(names[0]))
+    except (ValueError, zipfile.BadZipFile, OSError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
+    """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
+    from ..verify import wheel_file_problems
+
+    wn = parse_wheel_name(path.name, str(path))
+    if wn.project != project:
+        raise BadInput(str(path), None, None, f"a wheel of {wn.project!r} in the folder of {project!r}")
+    problems = wheel_file_problems(path)
+    if problems:
+        raise BadInput(str(path), None, None, f"not a sound wheel file: {problems[0]}")
+    metadata, name, requires = read_metadata(path, wn)
+    with zipfile.ZipFile(path) as zf:
+        rec = _build_record(zf)
+    try:
+        _check_record(BUILD_INFO_NAME, wn, rec)
+    except BadInput:
+        rec = {}
+    st = path.stat()
+    p = _Prepared(path, wn, metadata, requires, {**rec, "recovered": when}, metadata_name=name,
+                  sha256=file_sha256(path), size=st.st_size)
+    mtime = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _entry(p, mtime, rec.get("host") if isinstance(rec.get("host"), str) else "recovered"), metadata
+
+
+def _write_sidecar(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _wheel_metadata(path: Path) -> bytes:
+    with zipfile.ZipFile(path) as zf:
+        inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        return zf.read(inner[0]) if len(inner) == 1 else b""
+
+
+def recover(wheelhouse) -> RecoverResult:
+    root = house_folder(wheelhouse)
+    result = RecoverResult()
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with locked(root):
+        try:
+            data = (root / MANIFEST).read_bytes()
+        except FileNotFoundError:
+            data = b""
+        found = scan(data)
+        result.bad_lines, result.torn = len(found.bad), found.torn
+        live: dict[str, ManifestEntry] = {}
+        removed: dict[str, str] = {}   # file -> its remove record's text (history for prune)
+        for _, text, rec in found.records:
+            file = rec["file"]
+            if rec["op"] == "remove":
+                live.pop(file, None)
+                removed[file] = text
+                continue
+            try:
+                if _REQUIRED - rec.keys():
+                    raise TypeError("fields missing")
+                entry = ManifestEntry.from_dict(rec)
+            except TypeError:
+                result.bad_lines += 1   # its wheel, if on disk, gets a record from the file below
+                continue
+            live.pop(file, None)
+            live[file] = entry
+            removed.pop(file, None)
+        on_disk: set[str] = set()
+        derived: list[tuple[float, str, ManifestEntry]] = []
+        for rel, path, st in list(house_files(root)):
+            mode = st.st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                path.unlink()
+                result.removed.append(rel)
+                continue
+            if rel.count("/") == 1:
+                if not stat.S_ISDIR(mode):
+                    result.left.append(f"{rel}: a file where a project folder belongs")
+                continue
+            project, name = rel.split("/")[1:]
+            if stat.S_ISDIR(mode):
+                result.left.append(f"{rel}: a folder")
+                continue
+            if name.endswith(".metadata"):
+                continue   # with its wheel, below
+            e = live.get(name)
+            if e is not None and e.project == project:
+                on_disk.add(name)
+                if file_sha256(path) != e.sha256:
+                    result.damaged.append(rel)
+                    continue
+                metadata = _wheel_metadata(path)
+            else:
+                try:
+                    e, metadata = _derive(path, project, now)
+                except (BadInput, zipfile.BadZipFile, OSError) as exc:
+                    result.left.append(f"{rel}: {exc}")
+                    continue
+                on_disk.add(name)
+                derived.append((st.st_mtime, name, e))
+                result.added.append(rel)
+            sidecar = path.with_name(name + ".metadata")
+            try:
+                same = sidecar.read_bytes() == metadata
+            except OSError:
+                same = False
+            if not same:
+                _write_sidecar(sidecar, metadata)
+                result.sidecars.append(rel + ".metadata")
+        for file, e in list(live.items()):
+            if file not in on_disk:
+                del live[file]
+                result.dropped.append(f"{FILES}/{e.project}/{file}")
+                removed[file] = json.dumps({"op": "remove", "file": file, "project": e.project, "at": now,
+                                            "reason": "recover: the wheel file is gone"}, sort_keys=True)
+        for rel, path, _ in list(house_files(root)):   # sidecars whose wheel is not listed
+            if rel.endswith(".metadata") and path.name.removesuffix(".metadata") not in on_disk:
+                path.unlink()
+                result.removed.append(rel)
+        result.kept = len(live)
+        derived.sort(key=lambda t: (t[0], t[1]))
+        for _, name, e in derived:
+            live[name] = e
+            removed.pop(name, None)
+        write_journal(root, [*removed.values(), *(e.to_json() for e in live.values())])
+        site, _ = rebuild_pages(root, allow_shrink=True)
+        result.pages = len(site.kind)
+    return result
