@@ -1,4 +1,4 @@
-"""`farm publish`, `farm index rebuild|verify`, `farm prune`, `farm serve`: the wheelhouse (SPEC 10)."""
+"""`farm publish`, `farm index rebuild|verify|recover`, `farm prune`, `farm serve`: the wheelhouse (SPEC 10)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,14 @@ def register(sub) -> None:
     pg = isub.add_parser("pages", help="write the human pages: find-your-wheel (index.html, find.json), matrix/, archs/")
     _add_house(pg)
     pg.set_defaults(func=pages_command)
-    v = isub.add_parser("verify", help="re-hash every wheel and sidecar; follow every link of every page")
+    v = isub.add_parser("verify", help="check the journal, re-hash every wheel and sidecar, find orphans and "
+                                       "links under files/, compare every page with the journal, follow every link")
     _add_house(v)
     v.set_defaults(func=verify_command)
+    rc = isub.add_parser("recover", help="rebuild manifest.jsonl from files/ (sidecars, each wheel's farm_build.json), "
+                                         "cutting a torn tail and losing no wheel on disk, then every page")
+    _add_house(rc)
+    rc.set_defaults(func=recover_command)
     m = isub.add_parser("merge", help="publish the wheels of per-host staging wheelhouses into this one")
     m.add_argument("stagings", nargs="+", metavar="STAGING")
     _add_house(m)
@@ -63,8 +68,14 @@ def publish_command(args) -> int:
     result = publish(args.wheels, _house(args), record=args.record)
     for e in result.published:
         print(f"published {e.project}/{e.file}")
+    for note in result.notes:
+        print(note)
+    replaced = {e.file for e in result.replaced}
     for e in result.already:
-        print(f"already published {e.project}/{e.file} (same sha256; pages refreshed)")
+        if e.file in replaced:
+            print(f"replaced {e.project}/{e.file}: the copy in the wheelhouse no longer matched its recorded sha256")
+        else:
+            print(f"already published {e.project}/{e.file} (same sha256; pages refreshed)")
     print(f"{len(result.pages)} page(s) regenerated")
     return 0
 
@@ -98,6 +109,31 @@ def verify_command(args) -> int:
         return 1
     print("every wheel, sidecar and link checks out")
     return 0
+
+
+def recover_command(args) -> int:
+    from ..wheelhouse.recover import recover
+
+    r = recover(_house(args))
+    if r.torn:
+        print(f"cut a torn last manifest record ({r.torn} bytes)")
+    if r.bad_lines:
+        print(f"dropped {r.bad_lines} damaged manifest line(s)")
+    for rel in r.added:
+        print(f"added from the file itself: {rel}")
+    for rel in r.sidecars:
+        print(f"rewrote {rel} from its wheel")
+    for rel in r.removed:
+        print(f"removed {rel} (a link, or a sidecar without its wheel)")
+    for rel in r.dropped:
+        print(f"dropped the record of {rel}: the file is gone")
+    for rel in r.damaged:
+        print(f"still damaged: {rel} does not match its recorded sha256; republish the good wheel", file=sys.stderr)
+    for line in r.left:
+        print(f"left as it is: {line}", file=sys.stderr)
+    print(f"manifest rebuilt: {r.kept + len(r.added)} wheel(s) ({r.kept} kept, {len(r.added)} added); "
+          f"{r.pages} page(s) regenerated")
+    return 1 if r.damaged or r.left else 0
 
 
 def merge_command(args) -> int:
