@@ -56,7 +56,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the wheelhouse over HTTP (PEP 503 HTML, PEP 691 JSON)")
     _add_house(p)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
+    p.add_argument("--port", default="8000", help="0 picks a free port (printed)")
     p.add_argument("--access-log", default=None, help="append the access log here (default: stderr)")
     p.add_argument("--html-only", action="store_true", help="never answer with PEP 691 JSON")
     p.set_defaults(func=serve_command)
@@ -159,7 +159,12 @@ def prune_command(args) -> int:
 
 
 def serve_command(args) -> int:
+    from ..errors import BadInput
     from ..wheelhouse.serve import serve
 
-    serve(_house(args), host=args.host, port=args.port, access_log=args.access_log, negotiate=not args.html_only)
+    # Read here, not by argparse's type=int, whose refusal is a usage block and not one line.
+    port = args.port.strip()
+    if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
+        raise BadInput("command line", "--port", args.port, "not a port number (0-65535; 0 picks a free one)")
+    serve(_house(args), host=args.host, port=int(port), access_log=args.access_log, negotiate=not args.html_only)
     return 0

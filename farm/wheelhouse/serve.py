@@ -7,11 +7,19 @@ A static file server with three additions an index needs:
 - a non-normalised project folder (`/simple/My_Pkg/`) redirects to its PEP 503 name;
 - dot-files (temporaries of a publish in flight, the lock) are never served.
 Each request is one access-log line (common log format + Accept) to stderr or a file.
+
+Only regular files whose real path is inside the wheelhouse are served: a symlink that
+leads out, a FIFO or a device is a 404. A hostile request (NUL, '..', bad percent-encoding,
+a component over NAME_MAX, thousands of components, a request line over MAX_REQUEST_LINE)
+gets a 400, 404 or 414 and the connection ends cleanly, never a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import stat
 import sys
 import threading
 from datetime import datetime, timezone
@@ -19,12 +27,20 @@ from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 
+from ..errors import BadInput
 from .names import normalize
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
+# Limits far above any real index URL (the deepest is /compat/comfy-env/<name>/<file>): a request
+# past them is refused before the file system sees it.
+MAX_REQUEST_LINE = 8192
+MAX_REQUEST_HEAD = 1 << 20       # what is read and dropped after an over-long line, to close cleanly
+NAME_MAX = 255
+MAX_COMPONENTS = 32
+_BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _OFFERS = {JSON_V1: "json", "application/vnd.pypi.simple.latest+json": "json",
            HTML_V1: "html", "application/vnd.pypi.simple.latest+html": "html", "text/html": "html"}
 
@@ -66,28 +82,134 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
     negotiate_json = True
     log_stream = sys.stderr
     log_lock = threading.Lock()
+    timeout = 60  # a client that stops sending does not hold its thread for ever
+    # Errors found before the version is parsed (a bad version itself) get a status line, not
+    # HTTP/0.9's bare body; no client of an index speaks 0.9.
+    default_request_version = "HTTP/1.0"
 
     def __init__(self, *args, directory: str, **kwargs):
         super().__init__(*args, directory=directory, **kwargs)
 
-    def send_head(self):
-        path = unquote(urlsplit(self.path).path)
+    def handle_one_request(self):
+        """BaseHTTPRequestHandler's, with a request line limit of MAX_REQUEST_LINE (not 64 kB) and
+        the rest of an over-long request read and dropped, so the 414 reaches the client before the
+        close (closing on unread bytes would reset the connection)."""
+        try:
+            self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE + 1)
+            if len(self.raw_requestline) > MAX_REQUEST_LINE:
+                self.requestline = self.request_version = self.command = ""
+                self._drop_request_head()
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG,
+                                f"the request line is over {MAX_REQUEST_LINE} bytes")
+                self.close_connection = True
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"unsupported method {self.command[:40]!r}")
+                return
+            method()
+            self.wfile.flush()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+
+    def _drop_request_head(self) -> None:
+        """Read what is left of the request head (up to MAX_REQUEST_HEAD, a short wait at most)."""
+        self.connection.settimeout(0.5)
+        seen = 0
+        try:
+            while seen < MAX_REQUEST_HEAD:
+                line = self.rfile.readline(65536)
+                seen += len(line)
+                if line in (b"", b"\r\n", b"\n"):
+                    break
+        except OSError:
+            pass
+
+    def _local_path(self) -> Path | int:
+        """The file system path a request names, or the HTTP status refusing it."""
+        raw = urlsplit(self.path).path.encode("latin-1", "replace")
+        if not raw.startswith(b"/") or _BAD_PERCENT.search(raw):
+            return HTTPStatus.BAD_REQUEST
+        try:
+            path = unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            return HTTPStatus.BAD_REQUEST
         parts = [p for p in path.split("/") if p]
-        if any(p.startswith(".") for p in parts):
+        if "\0" in path or "\\" in path or any(p in (".", "..") for p in parts):
+            return HTTPStatus.BAD_REQUEST
+        if len(parts) > MAX_COMPONENTS or any(len(p.encode()) > NAME_MAX for p in parts):
+            return HTTPStatus.REQUEST_URI_TOO_LONG
+        if any(p.startswith(".") for p in parts):  # a publish's temporaries, the lock
+            return HTTPStatus.NOT_FOUND
+        return Path(self.directory, *parts)
+
+    def _inside(self, fs: Path) -> str | None:
+        """The real path of `fs` when it exists inside the wheelhouse, else None."""
+        try:
+            real = os.path.realpath(fs, strict=True)
+        except (OSError, ValueError):
+            return None
+        root = self.directory
+        return real if real == root or real.startswith(root.rstrip(os.sep) + os.sep) else None
+
+    def send_head(self):
+        fs = self._local_path()
+        if isinstance(fs, int):
+            self.send_error(fs)
+            return None
+        path = urlsplit(self.path).path
+        real = self._inside(fs)
+        if real is None:
+            parts = [p for p in path.split("/") if p]
+            if path.endswith("/") and len(parts) >= 2:
+                fixed = normalize(parts[-1])
+                if fixed != parts[-1] and self._inside(fs.parent / fixed) and (fs.parent / fixed).is_dir():
+                    return self._redirect("/" + "/".join(parts[:-1] + [fixed]) + "/")
             self.send_error(HTTPStatus.NOT_FOUND)
             return None
-        fs = Path(self.translate_path(self.path))
-        if fs.is_dir() and path.endswith("/"):
-            return self._send_index(fs)
-        if not fs.exists() and len(parts) >= 2 and path.endswith("/"):
-            fixed = normalize(parts[-1])
-            if fixed != parts[-1] and (fs.parent / fixed).is_dir():
-                self.send_response(HTTPStatus.MOVED_PERMANENTLY)
-                self.send_header("Location", quote("/" + "/".join(parts[:-1] + [fixed]) + "/"))
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return None
-        return super().send_head()
+        if os.path.isdir(real):
+            if not path.endswith("/"):
+                return self._redirect(path + "/")
+            return self._send_index(Path(real))
+        return self._send_file(real, self.guess_type(real))
+
+    def _redirect(self, location: str):
+        self.send_response(HTTPStatus.MOVED_PERMANENTLY)
+        self.send_header("Location", quote(location))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return None
+
+    def _open_regular(self, real: str):
+        """An open regular file at `real` (no symlink in its last step, no FIFO that would block), or None."""
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return os.fdopen(fd, "rb")
+
+    def _send_file(self, real: str, ctype: str, extra: dict | None = None):
+        fh = self._open_regular(real)
+        if fh is None:
+            self.send_error(HTTPStatus.NOT_FOUND)
+            return None
+        st = os.fstat(fh.fileno())
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(st.st_size))
+        self.send_header("Last-Modified", self.date_time_string(st.st_mtime))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        return fh
 
     def _send_index(self, folder: Path):
         choice = negotiate(self.headers.get("Accept")) if self.negotiate_json else ("html", "text/html; charset=utf-8")
@@ -95,22 +217,15 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
             self.send_error(HTTPStatus.NOT_ACCEPTABLE, "serves application/vnd.pypi.simple.v1+json or text/html")
             return None
         fmt, ctype = choice
-        page = folder / "index.json" if fmt == "json" else folder / "index.html"
-        if fmt == "json" and not page.is_file():  # not a PEP 503 page (e.g. the site root): HTML only
-            page, ctype = folder / "index.html", "text/html; charset=utf-8"
-        try:
-            fh = open(page, "rb")
-        except OSError:
+        page = self._inside(folder / "index.json") if fmt == "json" else None
+        if page is None:  # HTML asked for, or not a PEP 503 page (e.g. the site root): HTML only
+            page = self._inside(folder / "index.html")
+            if fmt == "json":
+                ctype = "text/html; charset=utf-8"
+        if page is None:
             self.send_error(HTTPStatus.NOT_FOUND)
             return None
-        st = os.fstat(fh.fileno())
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(st.st_size))
-        self.send_header("Vary", "Accept")
-        self.send_header("Cache-Control", "max-age=60")
-        self.end_headers()
-        return fh
+        return self._send_file(page, ctype, {"Vary": "Accept", "Cache-Control": "max-age=60"})
 
     def guess_type(self, path):
         name = str(path)
@@ -122,10 +237,12 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         if isinstance(code, HTTPStatus):
             code = code.value
         stamp = datetime.now(timezone.utc).strftime("%d/%b/%Y:%H:%M:%S +0000")
-        accept = self.headers.get("Accept", "-") if self.headers else "-"
-        agent = self.headers.get("User-Agent", "-") if self.headers else "-"
-        line = (f'{self.client_address[0]} - - [{stamp}] "{self.requestline}" {code} {size} '
-                f'"{accept}" "{agent[:80]}"\n')
+        # A request refused before its headers were read (414, a bad request line) has none.
+        headers = getattr(self, "headers", None)
+        accept = _printable(headers.get("Accept", "-"), 200) if headers else "-"
+        agent = _printable(headers.get("User-Agent", "-"), 80) if headers else "-"
+        line = (f'{self.client_address[0]} - - [{stamp}] "{_printable(self.requestline, 1000)}" {code} {size} '
+                f'"{accept}" "{agent}"\n')
         with self.log_lock:
             self.log_stream.write(line)
             self.log_stream.flush()
@@ -134,27 +251,53 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         pass
 
 
+def _printable(text: str, limit: int) -> str:
+    """A client's text as one log line shows it: control characters escaped, cut at `limit`."""
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:limit])
+    return text.replace('"', '\\"')
+
+
 def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=None,
                 negotiate: bool = True) -> ThreadingHTTPServer:
     """A ready server (not yet serving); `server.server_address[1]` is the port."""
-    stream = open(access_log, "a", buffering=1) if access_log else sys.stderr
-    handler_cls = type("Handler", (WheelhouseHandler,), {"negotiate_json": negotiate, "log_stream": stream})
+    handler_cls = type("Handler", (WheelhouseHandler,), {"negotiate_json": negotiate})
     handler = partial(handler_cls, directory=str(Path(wheelhouse).resolve()))
     ThreadingHTTPServer.allow_reuse_address = True
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
+    # Opened once the port is ours: a refused start leaves no log file behind.
+    try:
+        handler_cls.log_stream = open(access_log, "a", buffering=1) if access_log else sys.stderr
+    except OSError as exc:
+        server.server_close()
+        raise BadInput("command line", "--access-log", access_log, f"cannot append to it: {exc.strerror}") from None
     return server
 
 
+class _Stop(Exception):
+    """SIGTERM: leave serve_forever at once (it would otherwise only notice a shutdown() call)."""
+
+
+def _stop(signum, frame):
+    raise _Stop
+
+
 def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None, negotiate: bool = True) -> None:
+    """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off."""
     root = Path(wheelhouse)
-    root.mkdir(parents=True, exist_ok=True)
-    server = make_server(root, host, port, access_log, negotiate)
-    shown_host = f"[{host}]" if ":" in host else host
-    print(f"serving {root} on http://{shown_host}:{server.server_address[1]}/", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
+        server = make_server(root, host, port, access_log, negotiate)
+    except OSError as exc:  # port taken, privileged, host unknown
+        raise BadInput("command line", "--port", port,
+                       f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    root.mkdir(parents=True, exist_ok=True)
+    shown_host = f"[{host}]" if ":" in host else host
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        print(f"serving {root} on http://{shown_host}:{server.server_address[1]}/", flush=True)
+        server.serve_forever(poll_interval=0.1)
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         server.server_close()
