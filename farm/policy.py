@@ -29,13 +29,33 @@ TOOLKITS_FILE = "cuda_toolkits.yml"
 
 # SPEC 8.4: what one compile job may peak at, when neither the policy nor the recipe says.
 DEFAULT_PEAK_GB_PER_JOB = 8.0
-PEAK_GB_PROBLEM = "expected a positive number of GB, e.g. 8 or 2.5"
+
+# The range each number the policy or a recipe sets must fall in (inclusive; peak_gb_per_job: above
+# the floor). Beyond these a value is a typo, not a machine: 10**30 compile jobs would reach
+# subprocess and memory admission as is.
+LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "max_jobs": (1, 256),                 # parallel compile jobs of one cell
+    "nvcc_threads": (1, 64),              # nvcc --threads
+    "timeout": (1, 7200),                 # minutes per cell: GitHub's self-hosted job limit is 5 days
+    "peak_gb_per_job": (0, 1024),         # GB one compile job may peak at
+    "build_epoch": (0, 1_000_000),        # bumped by hand
+})
+PEAK_GB_PROBLEM = f"expected a positive number of GB up to {LIMITS['peak_gb_per_job'][1]:g}, e.g. 8 or 2.5"
+
+
+def out_of_bounds(key: str, value) -> str | None:
+    """Why the number `value` of `key` is outside LIMITS[key] (the range in the text), or None."""
+    low, high = LIMITS[key]
+    strict = key == "peak_gb_per_job"     # 0 GB is no job
+    if value != value or value > high or value < low or (strict and value == low):   # value != value: NaN
+        return f"must be {'above' if strict else 'at least'} {low} and at most {high:,}"
+    return None
 
 
 def positive_gb(value) -> float | None:
     """`peak_gb_per_job` as a float (the policy's and a recipe's may be fractional), None when it is
-    not a positive number."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    not a positive number within LIMITS."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or out_of_bounds("peak_gb_per_job", value):
         return None
     return float(value)
 
@@ -223,7 +243,9 @@ def load_grid_policy(path: Path) -> GridPolicy:
     defaults = dict(r.mapping(data.get("defaults", {}), "defaults"))
     for k in ("max_jobs", "nvcc_threads", "build_epoch"):
         if k in defaults:
-            r.integer(defaults[k], f"defaults.{k}")
+            problem = out_of_bounds(k, r.integer(defaults[k], f"defaults.{k}"))
+            if problem:
+                raise BadInput(r.where, f"defaults.{k}", defaults[k], problem)
     peak = defaults.get("peak_gb_per_job", DEFAULT_PEAK_GB_PER_JOB)
     if positive_gb(peak) is None:
         raise BadInput(r.where, "defaults.peak_gb_per_job", peak, PEAK_GB_PROBLEM)

@@ -13,22 +13,23 @@ import datetime
 import difflib
 import re
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import paths
 from .arches import ArchOverrides, Hazard, fallback_hazards
-from .archlist import ArchList
-from .errors import BadInput, FarmError
+from .archlist import ArchList, parse_token
+from .errors import BadInput, FarmError, shorten
 from .platforms import ARM_LANE, PLATFORMS, X86_LANE, lane
-from .policy import PEAK_GB_PROBLEM, Defaults, clamp, load_defaults, positive_gb
+from .policy import PEAK_GB_PROBLEM, Defaults, clamp, load_defaults, out_of_bounds, positive_gb
 from .versions import vtuple
+from .yamlio import load_yaml
 
 # ---------------------------------------------------------------- vocabulary
 
@@ -74,8 +75,11 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # A tag names a release: an optional word prefix, then a dotted number, then optional suffixes.
 # v1.2.3, 0.6, release-1.0, v1.5.0-aot, 2.0.0b0 pass; main, feature/x, v1, fix-bug do not.
 _TAG = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*[-_]?)?\d+(?:\.\d+)+(?:[-._+]?[A-Za-z0-9]+)*$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+# Lowercase PEP 508 names: start and end with a letter or digit (`pkg_` is no project name).
+_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9_]*[a-z0-9])?$")
+_ARCH_WORDS = re.compile(r"[;\s]+")   # how ArchList.parse splits a list
 _MINOR = re.compile(r"^\d+\.\d+$")
+_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _PATCH = re.compile(r"^\d+\.\d+\.\d+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -318,57 +322,38 @@ def _drop_empty(d: dict) -> dict:
     return {k: v for k, v in d.items() if v not in (None, False, [], {}, "")}
 
 
-# ---------------------------------------------------------------- YAML with duplicate-key detection
-
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _RecipeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """Safe loader that refuses a key written twice in one mapping (YAML would keep the last silently)."""
-
-
-def _mapping_without_duplicates(loader, node, deep=False):
-    seen = set()
-    for key_node, _ in node.value:
-        # Scalar keys compare by their text (cheap); only complex keys need constructing.
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} written twice in one mapping", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
-def _read_yaml(path: Path) -> object:
-    where = paths.display(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(where, None, None, "file not found") from None
-    try:
-        return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a safe loader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f"{where}:{mark.line + 1}:{mark.column + 1}"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise BadInput(where, None, None, f"YAML syntax error: {problem}") from None
-
-
 # ---------------------------------------------------------------- the reader
+
+class RecipeProblems(BadInput):
+    """Every problem found in one recipe file. It reads as the first one (the one line a command
+    that loads recipes prints); `farm recipes check` prints each of `problems`."""
+
+    def __init__(self, problems: Iterable[BadInput]):
+        self.problems = tuple(problems)
+        first = self.problems[0]
+        super().__init__(first.where, first.key, first.value, first.problem)
+
 
 class _Reader:
     """Typed access to one recipe file's values; every failure is one BadInput line."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, check_paths: bool = False):
         self.path = path
         self.where = paths.display(path)
+        self.problems: list[BadInput] = []
+        self.check_paths = check_paths      # a `path` source must exist on this machine
 
     def fail(self, key: str | None, value, problem: str):
         raise BadInput(self.where, key, value, problem)
+
+    @contextmanager
+    def part(self):
+        """Check one independent part of the recipe: a problem in it is recorded and the next part
+        is still checked, so one run reports every problem of the file."""
+        try:
+            yield
+        except BadInput as exc:
+            self.problems.append(exc)
 
     def known_keys(self, data: Mapping, allowed: Iterable[str], prefix: str = "") -> None:
         allowed = tuple(allowed)
@@ -389,7 +374,7 @@ class _Reader:
     def string(self, value, key: str, *, empty: bool = False) -> str:
         # YAML reads 0.6 as a number and 2024-05-01 as a date: the fix is quoting.
         if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
-            self.fail(key, value, f"write it as a quoted string, e.g. '{value}'")
+            self.fail(key, value, f"write it as a quoted string, e.g. '{shorten(value, 40)}'")
         if not isinstance(value, str):
             self.fail(key, value, f"expected a string, got {_kind(value)}")
         if not empty and not value.strip():
@@ -401,11 +386,13 @@ class _Reader:
             self.fail(key, value, f"expected true or false, got {_kind(value)}")
         return value
 
-    def positive(self, value, key: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
+    def bounded(self, value, key: str, *, whole: bool = True) -> int | float:
+        """A number within the range policy.LIMITS gives `key` (the range is in the message)."""
+        if whole and (not isinstance(value, int) or isinstance(value, bool)):
             self.fail(key, value, f"expected a whole number, got {_kind(value)}")
-        if value < 1:
-            self.fail(key, value, "must be at least 1")
+        problem = out_of_bounds(key, value)
+        if problem:
+            self.fail(key, value, problem)
         return value
 
     def strings(self, value, key: str) -> tuple[str, ...]:
@@ -427,6 +414,25 @@ class _Reader:
         if not _SHA256.match(text):
             self.fail(key, text, "expected 64 lowercase hex digits")
         return text
+
+
+def _arch_list(r: _Reader, text, key: str) -> ArchList:
+    """An arch list as written in a recipe: ArchList.parse merges a token written twice, the recipe
+    may not write one twice (`8.0 8.0+PTX` is a typo or a doubt, never an intent)."""
+    _check_arch_words(r, text, key)
+    return ArchList.parse(text, r.where, key)
+
+
+def _check_arch_words(r: _Reader, text, key: str) -> None:
+    if not isinstance(text, str):
+        return                      # ArchList.parse says what it expected
+    seen: dict[tuple, str] = {}
+    for word in filter(None, _ARCH_WORDS.split(text.strip())):
+        token = parse_token(word, r.where, key)
+        same = (token.major, token.minor, token.variant)
+        if same in seen:
+            r.fail(key, text, f"{seen[same]} and {word} name the same arch: write it once")
+        seen[same] = word
 
 
 def _kind(value) -> str:
@@ -453,7 +459,11 @@ def _read_source(r: _Reader, value, key: str) -> Source:
         # Relative paths belong to the recipe file, not to wherever the farm happens to run.
         if not target.is_absolute():
             target = (r.path.parent / target)
-        return Source("path", path=target.resolve(), path_text=text)
+        target = target.resolve()
+        if r.check_paths and not target.is_dir():
+            r.fail(f"{key}.path", text, f"no such folder ({paths.display(target)})"
+                   if not target.exists() else f"not a folder ({paths.display(target)})")
+        return Source("path", path=target, path_text=text)
     body = r.mapping(body, f"{key}.{kind}")
     if kind == "git":
         r.known_keys(body, GIT_KEYS, f"{key}.git.")
@@ -499,7 +509,8 @@ def _read_url(r: _Reader, value, key: str) -> str:
 
 def _read_ref(r: _Reader, value, key: str) -> str:
     if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
-        r.fail(key, value, f"write the ref as a quoted string, e.g. '{value}' (YAML reads it as {_kind(value)})")
+        r.fail(key, value, f"write the ref as a quoted string, e.g. '{shorten(value, 40)}' "
+                           f"(YAML reads it as {_kind(value)})")
     ref = r.string(value, key)
     if _SHA.match(ref):
         return ref
@@ -528,12 +539,12 @@ def _read_requirement(r: _Reader, text: str, key: str, *, placeholders: bool) ->
     probe = text
     if placeholders:
         for name, arg in _placeholders(text):
-            shown = "{" + name + (f":{arg}" if arg is not None else "") + "}"
+            shown = shorten("{" + name + (f":{arg}" if arg is not None else "") + "}", 60)
             if name == "LOCAL" and arg is None:
                 probe = probe.replace(shown, "cu128torch2.8", 1)
             elif name in ("LOCAL", "VER") and arg:
                 if not _NAME.match(arg):
-                    r.fail(key, text, f"{shown}: {arg!r} is not a recipe name")
+                    r.fail(key, text, f"{shown}: not a recipe name")
                 probe = probe.replace(shown, "cu128" if name == "LOCAL" else "1.0", 1)
             else:
                 r.fail(key, text, f"unknown placeholder {shown} (known: {{LOCAL}}, {{LOCAL:<recipe>}}, {{VER:<recipe>}})")
@@ -601,7 +612,7 @@ def _read_combinations(r: _Reader, value, defaults: Defaults) -> tuple[Combinati
         seen.add((cuda, torch))
         arch_list = None
         if row.get("arch_list") is not None:
-            arch_list = ArchList.parse(row["arch_list"], r.where, f"{key}.arch_list")
+            arch_list = _arch_list(r, row["arch_list"], f"{key}.arch_list")
             clamp(arch_list, cuda, defaults.toolkits, r.where, f"{key}.arch_list")
         source = _read_source(r, row["source"], f"{key}.source") if row.get("source") is not None else None
         out.append(Combination(cuda, torch, pythons, arch_list, source))
@@ -618,7 +629,7 @@ def _read_env(r: _Reader, value) -> Mapping[str, str]:
         text = r.string(text, key, empty=True)
         for body in _PLACEHOLDER.findall(text):
             if body not in ENV_PLACEHOLDERS:
-                r.fail(key, text, f"unknown placeholder {{{body}}} (known: "
+                r.fail(key, text, f"unknown placeholder {{{shorten(body, 40)}}} (known: "
                                   f"{', '.join('{' + p + '}' for p in ENV_PLACEHOLDERS)})")
         out[name] = text
     return frozen(out)
@@ -690,9 +701,24 @@ def _read_expected_fail(r: _Reader, value) -> ExpectedFail:
     for req in ("cells", "reason"):
         if req not in data:
             r.fail(f"expected_fail.{req}", None, "missing required key")
-    until = None if data.get("until") is None else r.string(data["until"], "expected_fail.until")
+    until = None if data.get("until") is None else _read_date(r, data["until"], "expected_fail.until")
     return ExpectedFail(r.string_or_list(data["cells"], "expected_fail.cells"),
                         r.string(data["reason"], "expected_fail.reason"), until)
+
+
+def _read_date(r: _Reader, value, key: str) -> str:
+    """A calendar day, as YAML reads `2025-06-30` or as a quoted '2025-06-30'; kept as that ISO text."""
+    if isinstance(value, datetime.datetime):
+        r.fail(key, value, "expected a day like 2025-06-30, not a time")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    text = r.string(value, key)
+    if not _DAY.match(text):
+        r.fail(key, text, "expected a date like 2025-06-30")
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError as exc:
+        r.fail(key, text, f"not a real date ({exc})")
 
 
 def _read_verify(r: _Reader, value) -> Verify:
@@ -727,7 +753,7 @@ def _read_verify(r: _Reader, value) -> Verify:
                 r.fail(f"{key}.reason", entry.get("reason"), "a missing arch needs its reason")
             if "archs" not in entry:
                 r.fail(f"{key}.archs", None, "missing required key")
-            allowed[where_key] = AllowedMissing(ArchList.parse(entry["archs"], r.where, f"{key}.archs"), entry["reason"])
+            allowed[where_key] = AllowedMissing(_arch_list(r, entry["archs"], f"{key}.archs"), entry["reason"])
         kw["allow_missing_archs"] = frozen(allowed)
     return Verify(**kw)
 
@@ -735,124 +761,170 @@ def _read_verify(r: _Reader, value) -> Verify:
 # ---------------------------------------------------------------- one recipe
 
 def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Iterable[str] | None = None,
-                grid=None, pcwm=None) -> Recipe:
+                grid=None, pcwm=None, check_paths: bool = False) -> Recipe:
     """One recipe file, validated. `names`: every recipe name, to check cross-references (None: skip).
 
     `grid` / `pcwm`: the derived grid and upstream matrix, to check package-wide arch lists against
     exactly the lines the recipe builds (None: every supported line, which is stricter).
+    `check_paths`: a `path` source must exist on this machine (`farm recipes check`; planning and
+    keying a cell never read the source, so they do not ask).
+
+    Every independent part is checked even after one failed: RecipeProblems carries them all and
+    reads as the first.
     """
     path = Path(path)
     defaults = defaults or load_defaults()
-    r = _Reader(path)
-    data = _read_yaml(path)
+    r = _Reader(path, check_paths)
+    data = load_yaml(path)
     if data is None:
         r.fail(None, None, "empty recipe (needs at least name, source and links_torch)")
     data = r.mapping(data, "(top)")
-    r.known_keys(data, TOP_KEYS)
+    for key in data:
+        with r.part():
+            r.known_keys({key: None}, TOP_KEYS)
     for req in REQUIRED_KEYS:
         if req not in data:
-            r.fail(req, None, "missing required key")
+            with r.part():
+                r.fail(req, None, "missing required key")
+    kw: dict = {"path": path.resolve()}
+    name = path.stem      # what the other parts use while the name itself is wrong
+    with r.part():
+        if "name" in data:
+            given = r.string(data["name"], "name")
+            if not _NAME.match(given):
+                r.fail("name", given, "use lowercase letters, digits and underscores, starting and ending with a "
+                                      "letter or digit (the name starts cell ids and wheels)")
+            if given != path.stem:
+                r.fail("name", given, f"must match the file name ({shorten(path.stem, 60)})")
+            kw["name"] = name = given
+    with r.part():
+        if "source" in data:
+            kw["source"] = _read_source(r, data["source"], "source")
+    with r.part():
+        if "links_torch" in data:
+            kw["links_torch"] = r.boolean(data["links_torch"], "links_torch")
 
-    name = r.string(data["name"], "name")
-    if not _NAME.match(name):
-        r.fail("name", name, "use lowercase letters, digits and underscores (the name starts cell ids and wheels)")
-    if name != path.stem:
-        r.fail("name", name, f"must match the file name ({path.stem})")
-    kw: dict = {"name": name, "path": path.resolve(),
-                "source": _read_source(r, data["source"], "source"),
-                "links_torch": r.boolean(data["links_torch"], "links_torch")}
-
-    if data.get("version") is not None:
-        version = r.string(data["version"], "version")
-        try:
-            parsed = Version(version)
-        except InvalidVersion:
-            r.fail("version", version, "not a PEP 440 version")
-        if parsed.local:
-            r.fail("version", version, "no local label: the farm adds +cuNNN[torchM.m] itself")
-        kw["version"] = version
-    if data.get("subdir") is not None:
-        subdir = r.string(data["subdir"], "subdir")
-        if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
-            r.fail("subdir", subdir, "must be a relative path inside the source tree")
-        kw["subdir"] = subdir
-    for key in ("submodules", "needs_patch"):
-        if key in data:
-            kw[key] = r.boolean(data[key], key)
-    kw["platforms"] = (_read_platforms(r, data["platforms"]) if "platforms" in data
-                       else tuple(defaults.grid_policy.platforms))
+    with r.part():
+        if data.get("version") is not None:
+            version = r.string(data["version"], "version")
+            try:
+                parsed = Version(version)
+            except InvalidVersion:
+                r.fail("version", version, "not a PEP 440 version")
+            if parsed.local:
+                r.fail("version", version, "no local label: the farm adds +cuNNN[torchM.m] itself")
+            kw["version"] = version
+    with r.part():
+        if data.get("subdir") is not None:
+            subdir = r.string(data["subdir"], "subdir")
+            if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
+                r.fail("subdir", subdir, "must be a relative path inside the source tree")
+            kw["subdir"] = subdir
+    for key in ("submodules", "needs_patch", "self_hosted"):
+        with r.part():
+            if key in data:
+                kw[key] = r.boolean(data[key], key)
+    with r.part():
+        kw["platforms"] = (_read_platforms(r, data["platforms"]) if "platforms" in data
+                           else tuple(defaults.grid_policy.platforms))
     for key in ("min_torch", "max_torch"):
-        if data.get(key) is not None:
-            kw[key] = r.minor(data[key], key)
-    if kw.get("min_torch") and kw.get("max_torch") and vtuple(kw["min_torch"]) > vtuple(kw["max_torch"]):
-        r.fail("max_torch", kw["max_torch"], f"is below min_torch {kw['min_torch']}")
-    if "combinations" in data:
-        kw["combinations"] = _read_combinations(r, data["combinations"], defaults)
-    if "wheel_abi" in data:
-        abi = r.string(data["wheel_abi"], "wheel_abi")
-        if abi not in WHEEL_ABIS:
-            near = difflib.get_close_matches(abi, WHEEL_ABIS, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            r.fail("wheel_abi", abi, f"expected one of {', '.join(WHEEL_ABIS)}{hint}")
-        kw["wheel_abi"] = abi
+        with r.part():
+            if data.get(key) is not None:
+                kw[key] = r.minor(data[key], key)
+    with r.part():
+        if kw.get("min_torch") and kw.get("max_torch") and vtuple(kw["min_torch"]) > vtuple(kw["max_torch"]):
+            r.fail("max_torch", kw["max_torch"], f"is below min_torch {kw['min_torch']}")
+    with r.part():
+        if "combinations" in data:
+            kw["combinations"] = _read_combinations(r, data["combinations"], defaults)
+    with r.part():
+        if "wheel_abi" in data:
+            abi = r.string(data["wheel_abi"], "wheel_abi")
+            if abi not in WHEEL_ABIS:
+                near = difflib.get_close_matches(abi, WHEEL_ABIS, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                r.fail("wheel_abi", abi, f"expected one of {', '.join(WHEEL_ABIS)}{hint}")
+            kw["wheel_abi"] = abi
 
-    arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
-    arch = replace(arch, arch_list_by_cuda=frozen(arch.arch_list_by_cuda),
-                   arch_list_by_cuda_aarch64=frozen(arch.arch_list_by_cuda_aarch64))
-    for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
-        for cuda in (data.get(key) or {}):
-            if cuda not in defaults.grid_policy.supported_cudas:
-                r.fail(f"{key}[{cuda}]", cuda, f"not a supported CUDA line ({', '.join(defaults.grid_policy.supported_cudas)})")
-    kw["arch"] = arch
-    kw["arch_fallback"] = data.get("arch_fallback")
-    if kw.get("wheel_abi") == "pure" and any(data.get(k) for k in ARCH_KEYS[:4]):
-        r.fail(next(k for k in ARCH_KEYS[:4] if data.get(k)), None,
-               "a pure wheel carries no binaries: arch lists do not apply")
+    with r.part():
+        for key in ARCH_KEYS[:4]:
+            if key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64") and isinstance(data.get(key), Mapping):
+                for cuda, text in data[key].items():
+                    _check_arch_words(r, text, f"{key}[{cuda}]")
+            elif data.get(key) is not None:
+                _check_arch_words(r, data[key], key)
+        arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
+        kw["arch"] = replace(arch, arch_list_by_cuda=frozen(arch.arch_list_by_cuda),
+                             arch_list_by_cuda_aarch64=frozen(arch.arch_list_by_cuda_aarch64))
+        for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
+            for cuda in (data.get(key) or {}):
+                if cuda not in defaults.grid_policy.supported_cudas:
+                    r.fail(f"{key}[{cuda}]", cuda,
+                           f"not a supported CUDA line ({', '.join(defaults.grid_policy.supported_cudas)})")
+        kw["arch_fallback"] = data.get("arch_fallback")
+        if kw.get("wheel_abi") == "pure" and any(data.get(k) for k in ARCH_KEYS[:4]):
+            r.fail(next(k for k in ARCH_KEYS[:4] if data.get(k)), None,
+                   "a pure wheel carries no binaries: arch lists do not apply")
 
-    if "build_requires_farm" in data:
-        deps = r.strings(data["build_requires_farm"], "build_requires_farm")
-        if name in deps:
-            r.fail("build_requires_farm", name, "a recipe cannot require its own wheels")
-        kw["build_requires_farm"] = deps
-    if "extra_sources" in data:
-        kw["extra_sources"] = _read_extra_sources(r, data["extra_sources"])
-    if "system_packages" in data:
-        kw["system_packages"] = _read_system_packages(r, data["system_packages"])
-    if data.get("expected_fail") is not None:
-        kw["expected_fail"] = _read_expected_fail(r, data["expected_fail"])
-    if "build_deps" in data:
-        kw["build_deps"] = _read_requirements(r, data["build_deps"], "build_deps", placeholders=False)
-    if "allow_graft" in data:
-        kw["allow_graft"] = r.strings(data["allow_graft"], "allow_graft")
-    if "cuda_components" in data:
-        comps = r.strings(data["cuda_components"], "cuda_components")
-        for c in comps:
-            if c not in CUDA_COMPONENTS:
-                near = difflib.get_close_matches(c, CUDA_COMPONENTS, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(CUDA_COMPONENTS)})"
-                r.fail("cuda_components", c, f"unknown toolkit component{hint}")
-        kw["cuda_components"] = comps
-    if "env" in data:
-        kw["env"] = _read_env(r, data["env"])
-    if data.get("pre_build") is not None:
-        kw["pre_build"] = r.string(data["pre_build"], "pre_build")
-    if "patches" in data:
-        kw["patches"] = _read_patches(r, data["patches"], name, path.parent)
+    with r.part():
+        if "build_requires_farm" in data:
+            deps = r.strings(data["build_requires_farm"], "build_requires_farm")
+            if name in deps:
+                r.fail("build_requires_farm", name, "a recipe cannot require its own wheels")
+            kw["build_requires_farm"] = deps
+    with r.part():
+        if "extra_sources" in data:
+            kw["extra_sources"] = _read_extra_sources(r, data["extra_sources"])
+    with r.part():
+        if "system_packages" in data:
+            kw["system_packages"] = _read_system_packages(r, data["system_packages"])
+    with r.part():
+        if data.get("expected_fail") is not None:
+            kw["expected_fail"] = _read_expected_fail(r, data["expected_fail"])
+    with r.part():
+        if "build_deps" in data:
+            kw["build_deps"] = _read_requirements(r, data["build_deps"], "build_deps", placeholders=False)
+    with r.part():
+        if "allow_graft" in data:
+            kw["allow_graft"] = r.strings(data["allow_graft"], "allow_graft")
+    with r.part():
+        if "cuda_components" in data:
+            comps = r.strings(data["cuda_components"], "cuda_components")
+            for c in comps:
+                if c not in CUDA_COMPONENTS:
+                    near = difflib.get_close_matches(c, CUDA_COMPONENTS, n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else f" (known: {', '.join(CUDA_COMPONENTS)})"
+                    r.fail("cuda_components", c, f"unknown toolkit component{hint}")
+            kw["cuda_components"] = comps
+    with r.part():
+        if "env" in data:
+            kw["env"] = _read_env(r, data["env"])
+    with r.part():
+        if data.get("pre_build") is not None:
+            kw["pre_build"] = r.string(data["pre_build"], "pre_build")
+    with r.part():
+        if "patches" in data:
+            kw["patches"] = _read_patches(r, data["patches"], name, path.parent)
     for key in ("max_jobs", "nvcc_threads", "timeout"):
-        if data.get(key) is not None:
-            kw[key] = r.positive(data[key], key)
-    if data.get("peak_gb_per_job") is not None:
-        kw["peak_gb_per_job"] = positive_gb(data["peak_gb_per_job"])
-        if kw["peak_gb_per_job"] is None:
-            r.fail("peak_gb_per_job", data["peak_gb_per_job"], PEAK_GB_PROBLEM)
-    if "self_hosted" in data:
-        kw["self_hosted"] = r.boolean(data["self_hosted"], "self_hosted")
-    if data.get("nvcc_flags") is not None:
-        kw["nvcc_flags"] = r.string(data["nvcc_flags"], "nvcc_flags")
-    if "requires_dist" in data:
-        kw["requires_dist"] = _read_requirements(r, data["requires_dist"], "requires_dist", placeholders=True)
-    if data.get("verify") is not None:
-        kw["verify"] = _read_verify(r, data["verify"])
+        with r.part():
+            if data.get(key) is not None:
+                kw[key] = r.bounded(data[key], key)
+    with r.part():
+        if data.get("peak_gb_per_job") is not None:
+            kw["peak_gb_per_job"] = positive_gb(data["peak_gb_per_job"])
+            if kw["peak_gb_per_job"] is None:
+                r.fail("peak_gb_per_job", data["peak_gb_per_job"], PEAK_GB_PROBLEM)
+    with r.part():
+        if data.get("nvcc_flags") is not None:
+            kw["nvcc_flags"] = r.string(data["nvcc_flags"], "nvcc_flags")
+    with r.part():
+        if "requires_dist" in data:
+            kw["requires_dist"] = _read_requirements(r, data["requires_dist"], "requires_dist", placeholders=True)
+    with r.part():
+        if data.get("verify") is not None:
+            kw["verify"] = _read_verify(r, data["verify"])
+    if r.problems:
+        raise RecipeProblems(r.problems)
 
     recipe = Recipe(**kw)
     if names is not None:
@@ -870,7 +942,7 @@ def check_references(recipe: Recipe, names: Iterable[str]) -> None:
             if arg and arg not in names:
                 near = difflib.get_close_matches(arg, names, n=1)
                 hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise BadInput(where, f"requires_dist[{i}]", req, f"{{{ph}:{arg}}} names no recipe{hint}")
+                raise BadInput(where, f"requires_dist[{i}]", req, f"{{{ph}:{shorten(arg, 60)}}} names no recipe{hint}")
     for dep in recipe.build_requires_farm:
         if dep not in names:
             near = difflib.get_close_matches(dep, names, n=1)
@@ -972,28 +1044,66 @@ _CACHE: dict[tuple, dict[str, Recipe]] = {}
 
 
 def _fingerprint(folder: Path, defaults: Defaults) -> tuple:
-    files = sorted(folder.glob("*.yml"))
     stamp = []
-    for f in [*files, *sorted((folder / "patches").rglob("*"))]:
-        st = f.stat()
+    for f in [*sorted(folder.iterdir()), *sorted((folder / "patches").rglob("*"))]:
+        try:
+            st = f.stat()
+        except OSError:             # a dangling link: reading it says so
+            stamp.append((str(f), None))
+            continue
         stamp.append((str(f), st.st_mtime_ns, st.st_size))
     generated = tuple(f.stat().st_mtime_ns if f.exists() else None for f in _generated_files(defaults))
     return (str(folder), id(defaults), generated, tuple(stamp))
 
 
 def recipe_files(folder: Path | str | None = None) -> list[Path]:
+    """Every `<name>.yml` in the folder (a folder named so too: reading it says what it is), hidden
+    files (editor locks like `.#x.yml`) aside."""
     folder = Path(folder or paths.recipes_dir())
-    return sorted(folder.glob("*.yml"))
+    return sorted(f for f in folder.glob("*.yml") if not f.name.startswith("."))
+
+
+def _folder_problems(folder: Path) -> list[BadInput]:
+    """A recipes folder that is not there is an error (a typo in --dir or FARM_RECIPES must not read
+    as "no recipes"), and so is a `.yaml` file in it: the farm reads only `<name>.yml`, and a recipe
+    it skipped without a word would never be built."""
+    if not folder.is_dir():
+        raise BadInput(paths.display(folder), None, None,
+                       "not a folder" if folder.exists() else "no such recipes folder")
+    return [BadInput(paths.display(f), None, None,
+                     f"recipes are read only from <name>.yml files: rename it to {shorten(f.stem, 60)}.yml "
+                     "or move it out of the recipes folder")
+            for f in sorted(folder.iterdir())
+            if f.suffix.lower() in (".yml", ".yaml") and f.suffix != ".yml" and not f.name.startswith(".")]
+
+
+def _collisions(recipes: Mapping[str, Recipe]) -> list[BadInput]:
+    """Two recipes whose names normalise to one project (`a_b`, `a__b`: both `a-b`) would publish
+    wheels pip cannot tell apart."""
+    first: dict[str, Recipe] = {}
+    out = []
+    for name in sorted(recipes):
+        project = canonicalize_name(name)
+        other = first.setdefault(project, recipes[name])
+        if other is not recipes[name]:
+            out.append(BadInput(paths.display(recipes[name].path), "name", name,
+                                f"the same project as {other.name!r} of {paths.display(other.path)} once "
+                                f"normalised ({project!r}): their wheels would collide"))
+    return out
 
 
 def load_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> dict[str, Recipe]:
-    """Every recipes/<name>.yml, validated with cross-references; cached per folder and file mtimes."""
+    """Every recipes/<name>.yml, validated with cross-references; cached per folder and file mtimes.
+    The first problem is raised (one line); `check_recipes` reports every one."""
     folder = Path(folder or paths.recipes_dir()).resolve()
     defaults = defaults or load_defaults()
+    stray = _folder_problems(folder)
     key = _fingerprint(folder, defaults)
     cached = _CACHE.get(key)
     if cached is not None:
         return dict(cached)
+    if stray:
+        raise stray[0]
     files = recipe_files(folder)
     names = [f.stem for f in files]
     grid, pcwm = current_grid(defaults), current_pcwm(defaults)
@@ -1001,6 +1111,8 @@ def load_recipes(folder: Path | str | None = None, defaults: Defaults | None = N
     for f in files:
         recipe = load_recipe(f, defaults, names, grid, pcwm)
         recipes[recipe.name] = recipe
+    for problem in _collisions(recipes):
+        raise problem
     check_build_order(recipes)
     _CACHE.clear()
     _CACHE[key] = recipes
@@ -1018,7 +1130,7 @@ def check_build_order(recipes: Mapping[str, Recipe]) -> None:
             loop = trail[trail.index(name):] + [name]
             recipe = recipes[trail[-1]]
             raise BadInput(paths.display(recipe.path), "build_requires_farm", name,
-                           f"build dependency loop: {' -> '.join(loop)}")
+                           f"build dependency loop: {shorten(' -> '.join(loop))}")
         state[name] = 1
         for dep in recipes[name].build_requires_farm:
             if dep in recipes:
@@ -1040,30 +1152,46 @@ def recipe_hazards(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> 
 class CheckReport:
     folder: Path
     recipes: Mapping[str, Recipe]            # the valid ones
-    errors: tuple[BadInput, ...]             # one per invalid recipe file
+    errors: tuple[BadInput, ...]             # every problem, one line each, in file order
+    invalid: tuple[str, ...]                 # the files (as shown) with at least one problem
     hazards: tuple[Hazard, ...]
     used_grid: bool
 
 
 def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> CheckReport:
-    """Validate every recipe file on its own (so one bad file does not hide the others) and collect hazards."""
+    """Validate every recipe file on its own (so one bad file does not hide the others), report every
+    problem of each, and collect hazards. Unlike loading, a `path` source must exist here."""
     folder = Path(folder or paths.recipes_dir()).resolve()
     defaults = defaults or load_defaults()
+    errors: list[BadInput] = _folder_problems(folder)
+    invalid = [e.where for e in errors]
     files = recipe_files(folder)
     names = [f.stem for f in files]
     grid, pcwm = current_grid(defaults), current_pcwm(defaults)
-    recipes, errors = {}, []
+    recipes = {}
     for f in files:
         try:
-            recipes[f.stem] = load_recipe(f, defaults, names, grid, pcwm)
+            recipes[f.stem] = load_recipe(f, defaults, names, grid, pcwm, check_paths=True)
+            continue
+        except RecipeProblems as exc:
+            errors.extend(exc.problems)
         except FarmError as exc:
             errors.append(exc)
+        except Exception as exc:   # noqa: BLE001 - a checker reports every file: a bug in one is one line too
+            errors.append(BadInput(paths.display(f), None, None,
+                                   f"could not be checked ({type(exc).__name__}: {shorten(exc, 100)}): a farm bug"))
+        invalid.append(paths.display(f))
+    for problem in _collisions(recipes):
+        errors.append(problem)
+        invalid.append(paths.display(recipes.pop(problem.value).path))
     try:
         check_build_order(recipes)
     except BadInput as exc:
         errors.append(exc)
+        invalid.append(exc.where)
     hazards = [h for name in sorted(recipes) for h in recipe_hazards(recipes[name], defaults, grid, pcwm)]
-    return CheckReport(folder, frozen(recipes), tuple(errors), tuple(hazards), grid is not None)
+    return CheckReport(folder, frozen(recipes), tuple(errors), tuple(dict.fromkeys(invalid)), tuple(hazards),
+                       grid is not None)
 
 
 def verify_from_mapping(data, where: str) -> Verify:

@@ -1,4 +1,15 @@
-"""YAML reading with one-line errors, and atomic text writes."""
+"""YAML reading with one-line errors, and atomic text writes.
+
+Every YAML file the farm reads goes through `load_yaml`: libyaml's safe loader (fast), plus
+checks on the composed node graph before anything is constructed, so that a hostile file gets
+one line naming where, never a traceback or an exploding value:
+- the text must be UTF-8 (a leading BOM is accepted: editors on Windows write one);
+- a key written twice in one mapping is refused (YAML would keep the last one silently);
+- a mapping key must be a plain value, not a list or a mapping;
+- a date must exist (`2024-13-45` makes PyYAML raise ValueError), a whole number must be short;
+- aliases may not expand the document far beyond its own size (a "billion laughs" file is
+  refused by arithmetic over shared nodes, never expanded), and may not contain themselves.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +19,129 @@ from pathlib import Path
 
 import yaml
 
-from .errors import BadInput
+from .errors import BadInput, shorten
 from .paths import display
 
 # libyaml's parser when PyYAML has it (its wheels do): ~5x faster on the recipes every process reads.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# What aliases may add on top of the text itself, in nodes plus scalar characters. A document
+# without aliases weighs at most ~2x its length; no farm file uses anchors beyond a few rows.
+MAX_ALIAS_GROWTH = 1_000_000
+MAX_DIGITS = 100           # digits of a whole number: far beyond any range the farm accepts (4301 raise in int())
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_INT = "tag:yaml.org,2002:int"
+
 
 def load_yaml(path: Path) -> object:
+    """The parsed YAML document at `path` (None when empty), or BadInput naming the file."""
+    where = display(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise BadInput(display(path), None, None, "file not found") from None
+        raise BadInput(where, None, None, "file not found") from None
+    except IsADirectoryError:
+        raise BadInput(where, None, None, "a folder, not a file") from None
+    except OSError as exc:
+        raise BadInput(where, None, None, f"cannot read it: {exc.strerror or exc}") from None
+    return parse_yaml(raw, where)
+
+
+def parse_yaml(raw: bytes, where: str) -> object:
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(where, None, None, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                                          "save it as UTF-8") from None
+    loader = _SAFE_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _inspect(node, where, limit=2 * len(text) + MAX_ALIAS_GROWTH)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{display(path)}:{mark.line + 1}:{mark.column + 1}" if mark else display(path)
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise BadInput(where, None, None, f"YAML syntax error: {problem}") from None
+        raise BadInput(at, None, None, f"YAML syntax error: {shorten(problem)}") from None
+    finally:
+        loader.dispose()
+
+
+def _at(where: str, node) -> str:
+    return f"{where}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _child_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _inspect(root, where: str, limit: int) -> None:
+    """Walk each distinct node once (aliases share nodes), iteratively, naming the key path of the
+    first occurrence. `weight` is a node's size once every alias under it is expanded: 1 per node
+    plus a scalar's length, summed over shared children without visiting them again."""
+    weight: dict[int, int] = {}
+    open_nodes: set[int] = set()      # the current node's ancestors: meeting one again is a cycle
+    stack: list[tuple[object, str, bool]] = [(root, "", False)]
+    while stack:
+        node, path, done = stack.pop()
+        nid = id(node)
+        if done:
+            open_nodes.discard(nid)
+            children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+            total = 1 + sum(weight[id(c)] for c in children)
+            if total > limit:
+                raise BadInput(_at(where, node), path or None, None,
+                               f"aliases expand this to more than {limit:,} nodes and characters "
+                               "(an alias bomb?): refused without expanding it")
+            weight[nid] = total
+            continue
+        if nid in weight:
+            continue
+        if nid in open_nodes:
+            raise BadInput(_at(where, node), path or None, None, "an alias refers to a node that contains it")
+        if isinstance(node, yaml.ScalarNode):
+            _check_scalar(node, where, path)
+            weight[nid] = 1 + len(node.value)
+            continue
+        open_nodes.add(nid)
+        stack.append((node, path, True))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value))))
+            continue
+        seen: set[str] = set()
+        pairs = []
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+                raise BadInput(_at(where, key_node), path or None, None,
+                               f"a key written as {kind}: keys must be plain strings")
+            key = key_node.value
+            if key in seen and key != "<<":
+                raise BadInput(_at(where, key_node), _child_path(path, key), None, "written twice in one mapping")
+            seen.add(key)
+            pairs.append((key_node, key))
+            pairs.append((value_node, key))
+        stack.extend((child, _child_path(path, key), False) for child, key in reversed(pairs))
+
+
+def _check_scalar(node, where: str, path: str) -> None:
+    if node.tag == _TIMESTAMP:
+        try:
+            yaml.constructor.SafeConstructor.construct_yaml_timestamp(_NO_CONSTRUCTOR, node)
+        except ValueError as exc:
+            raise BadInput(_at(where, node), path or None, node.value,
+                           f"not a real date ({exc}); quote it if it is not meant as a date") from None
+    elif node.tag == _INT and len(node.value) > MAX_DIGITS:
+        raise BadInput(_at(where, node), path or None, node.value,
+                       f"a number of {len(node.value)} characters: far beyond any range the farm accepts")
+
+
+# construct_yaml_timestamp reads nothing from its constructor but the node.
+_NO_CONSTRUCTOR = yaml.constructor.SafeConstructor()
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
