@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FARM_CACHE ?= $(HOME)/.cache/farm
 
-.PHONY: setup test lint bench matrix plan recipes-check farm demo images setup-engine test-arm pages-screenshots clean
+.PHONY: setup test lint bench matrix plan recipes-check recipes-status farm demo images setup-engine test-arm pages-screenshots clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,15 @@ plan: setup
 
 recipes-check: setup
 	$(BIN)/farm recipes check
+
+# Rebuild the named recipes' status cells (cu130/torch2.13/py3.12, container runner, one at a time), write
+# their build records (recipes/records/) and regenerate docs/recipe-status.md. Without RECIPES: only the table.
+# e.g. make recipes-status RECIPES="diso fused_ssim" TIER=smoke   (TIER=full|smoke|flags; FOR=minutes of flags)
+RECIPES ?=
+TIER ?= full
+FOR ?=
+recipes-status: setup setup-engine
+	$(if $(strip $(RECIPES)),$(BIN)/farm recipes rebuild $(RECIPES) --tier $(TIER) $(if $(FOR),--for $(FOR)),$(BIN)/farm recipes status)
 
 # Build every cell this host can build that is not in the wheelhouse yet (resumable; see README "The farm run").
 # e.g. make farm FARM_ARGS="--package farm_demo --jobs 2"

@@ -10,6 +10,8 @@ resumable way to do that.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import nox
@@ -38,18 +40,23 @@ def _named_sessions(argv: list[str]) -> set[str] | None:
     return None
 
 
-def _register(cell_id: str, tags: tuple[str, ...]) -> None:
+def _register(cell_id: str, tags: tuple[str, ...], alone: bool) -> None:
     def build(session: nox.Session) -> None:
-        session.run(sys.executable, "-m", "farm", "build", cell_id, *session.posargs, external=True)
+        argv = [sys.executable, "-m", "farm", "build", cell_id, *session.posargs]
+        if alone:   # `nox -s build-<cell>` IS `farm build <cell>`: its output, its one-line refusal, its exit code
+            os.execv(sys.executable, argv)
+        session.run(*argv, external=True)
 
     build.__doc__ = f"build the wheel of cell {cell_id}"
     nox.session(name=f"build-{cell_id}", tags=list(tags), venv_backend="none")(build)
 
 
 _wanted = _named_sessions(sys.argv[1:])
+if _wanted is not None and len(_wanted) == 1:
+    logging.getLogger("nox").setLevel(logging.WARNING)   # no session banner around the farm's own lines
 for _cell_id, _tags in session_index():
     if _wanted is None or f"build-{_cell_id}" in _wanted:
-        _register(_cell_id, _tags)
+        _register(_cell_id, _tags, alone=_wanted is not None and len(_wanted) == 1)
 
 
 @nox.session(venv_backend="none")

@@ -20,7 +20,7 @@ from pathlib import Path
 from . import __version__, images, paths
 from .buildkey import KeyMaker, context_for
 from .emulation import is_emulated
-from .errors import FarmError
+from .errors import BadInput, FarmError
 from .plan import cell_plan
 from .recipes import Recipe
 from .yamlio import load_yaml, write_atomic
@@ -45,7 +45,7 @@ class BuildOOM(BuildFailed):
 @dataclass
 class BuildResult:
     cell_id: str
-    status: str               # built | up-to-date
+    status: str               # built | up-to-date | flags (no wheel: nvcc's targets recorded)
     wheel: Path | None
     record: dict
     record_path: Path | None
@@ -94,20 +94,39 @@ def _recipe_spec(recipe: Recipe) -> dict:
 def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None = None, force: bool = False,
                publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
                log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
-               compiler_cache: bool = True) -> BuildResult:
+               compiler_cache: bool = True, tier: str = "full", arch: str | None = None,
+               flags_minutes: float | None = None, record: bool | None = None) -> BuildResult:
     """max_jobs: a clamp decided by the caller (memory admission, SPEC 8.4; recorded with its reason,
-    never keyed); compiler_cache: ccache for the (CUDA, torch) group (farm/ccache.py; recorded)."""
+    never keyed); compiler_cache: ccache for the (CUDA, torch) group (farm/ccache.py; recorded).
+
+    tier (see TIERS): `smoke` builds one token of the list (`arch`, default the lowest) and is never
+    published; `flags` records nvcc's targets for `flags_minutes` and builds no wheel. record: write
+    the recipe's build record (recipes/records/<name>.json) at the end, failed or not; None: when
+    FARM_RECORD=1."""
     from .runners import get_runner
 
+    if tier not in TIERS:
+        raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
+    if record is None:
+        record = os.environ.get("FARM_RECORD") == "1"
     started = time.time()
     cell, plan = cell_plan(cell_id)
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
-    arch = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
-    runner = get_runner(runner_kind, arch=arch)
+    check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
+    if tier == "smoke":
+        cell = smoke_cell(cell, arch)   # its own arch list, so its own build key
+    elif arch:
+        raise BadInput("farm build", "--arch", arch, "only a --smoke build takes one token of the list")
+    if tier != "full":
+        publish = False
+    if tier == "flags":
+        compiler_cache = False   # a cache hit would skip the very nvcc call the flags tier records
+    lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+    runner = get_runner(runner_kind, arch=lane)
     described = runner.describe()
     image = getattr(runner, "image", None)
-    target = {"id": image.id if image else "host", "arch": arch,
+    target = {"id": image.id if image else "host", "arch": lane,
               "glibc": image.glibc if image else described["glibc"],
               "plat_floor": image.plat if image else None}
     if plat and image is not None:
@@ -138,9 +157,74 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             entries = _cell_entries(house, cell.id)
             if result := up_to_date("published by the build this one waited for"):
                 return result
-        return _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, out=out,
-                             publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
-                             max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache)
+        out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
+        try:
+            result = _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries,
+                                   out=out, publish=publish, plat=plat, log=log, started=started,
+                                   max_jobs=max_jobs, max_jobs_reason=max_jobs_reason,
+                                   compiler_cache=compiler_cache, tier=tier, flags_minutes=flags_minutes)
+        except BuildFailed as exc:
+            if record:
+                from .recipe_status import write_build_record
+
+                write_build_record(recipe, cell, tier="failed", tier_asked=tier, out=out, key=key,
+                                   runner=runner.kind, started=started, reason=str(exc))
+            raise
+        if record:
+            from .recipe_status import write_build_record
+
+            path = write_build_record(recipe, cell, tier=tier, tier_asked=tier, out=out, key=key,
+                                      runner=runner.kind, started=started, build=result.record)
+            log(f"{cell.id}: {tier} build recorded in {paths.display(path)}")
+        return result
+
+
+TIERS = ("full", "smoke", "flags")
+DEFAULT_FLAGS_MINUTES = 10.0
+
+
+def smoke_cell(cell, choice: str | None):
+    """The cell with one token of its list: `choice` (e.g. `8.6` or `12.0+PTX`), else the lowest. The
+    token keeps its own PTX, so `12.0+PTX` is smoke-built as SASS and PTX of 12.0."""
+    from dataclasses import replace
+
+    from .archlist import ArchList, parse_token
+
+    full = cell.arch.arch_list
+    token = full.lowest()
+    if choice:
+        want = parse_token(choice.strip(), "farm build", "--arch")
+        found = [t for t in full if (t.major, t.minor, t.variant) == (want.major, want.minor, want.variant)]
+        if not found:
+            raise BadInput("farm build", "--arch", choice, f"not a token of {cell.id}'s list {full.torch()}")
+        token = found[0]
+    return replace(cell, arch=replace(cell.arch, arch_list=ArchList.of([token]),
+                                      provenance=f"smoke: {token} of {full.torch()} ({cell.arch.provenance})"))
+
+
+def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
+    """A CUDA 12.x cell needs an installed toolkit of its line (PyPI carries nvcc from 13.0 on): in
+    the builder image for the container runner, on this machine for the host runner. Refused in one
+    line before anything is downloaded or built."""
+    from .runners import default_kind
+    from .toolkit import find_system_toolkit
+    from .versions import vtuple
+
+    major = vtuple(cell.cuda)[0]
+    if major >= 13 or os.environ.get("FARM_TOOLKIT_SOURCE") == "pypi":
+        return
+    if (runner_kind or default_kind()) == "container":
+        image = images.load_image("aarch64" if cell.platform == "linux_aarch64" else "x86_64")
+        if image is not None and image.cuda_home and image.cuda.startswith(cell.cuda):
+            return
+        where = f"the builder image ({image.ref if image else 'not built yet'}) carries none"
+    else:
+        found, passed = find_system_toolkit(cell.cuda, tuple(recipe.cuda_components))
+        if found is not None:
+            return
+        where = f"none is installed here ({'; '.join(passed) or 'no /usr/local/cuda*, no FARM_CUDA_HOME'})"
+    raise NotBuildableHere(f"{cell.id}: needs the CUDA {cell.cuda} toolkit: PyPI has no nvcc for CUDA {major}.x "
+                           f"and {where}")
 
 
 def _cell_entries(house: Path, cell_id: str) -> list:
@@ -170,14 +254,15 @@ def _cell_lock(cell_id: str, log):
 
 
 def _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, *, out, publish, plat,
-                  log, started, max_jobs, max_jobs_reason, compiler_cache) -> BuildResult:
+                  log, started, max_jobs, max_jobs_reason, compiler_cache, tier, flags_minutes) -> BuildResult:
     from .ccache import cache_env, decision, group_dir, group_name
 
+    if tier == "flags" and flags_minutes is None:
+        flags_minutes = DEFAULT_FLAGS_MINUTES
     build_number = None
     if entries:
         build_number = 1 + max(int(e.build_tag or 0) for e in entries)
 
-    out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
     work = paths.cache_dir() / "work" / cell.id
     for folder in (out, work):
         shutil.rmtree(folder, ignore_errors=True)
@@ -202,7 +287,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
         ensure_ccache(log=lambda m: _append(log_path, f"[host] {m}"))   # the image brings its own
     record_base = {"cell": cell.id, "build_key": key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
-                   "runner": runner.kind, "image": target["id"], "farm_version": __version__}
+                   "runner": runner.kind, "image": target["id"], "farm_version": __version__, "tier": tier}
 
     def spec_for(where_runner, paths_fn) -> Path:
         spec = {
@@ -216,6 +301,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
             "paths": {"out": paths_fn(out), "work": paths_fn(work)},
             "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
             "build_number": build_number, "record": record_base,
+            "flags": {"stop_after_s": 60.0 * flags_minutes} if tier == "flags" else None,
             "compiler_cache_env": cache_env(enabled=compiler_cache, ccache_dir=paths_fn(cache_dir_host),
                                             basedir=paths_fn(work), stats_log=paths_fn(out / "ccache-stats.log")),
         }
@@ -232,9 +318,13 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     step_spec = host_spec if runner.kind == "host" else spec_for(runner.kind, lambda p: runner.inside(p, mounts))
     inside_spec = runner.inside(step_spec, mounts)
 
+    step_timeout = recipe_timeout(recipe)
+    if tier == "flags" and step_timeout is not None:   # the stop is the compile's own; the step ends after it
+        step_timeout = max(step_timeout, 60.0 * flags_minutes + 600)
+
     def phase(which: str, on_runner, spec: str, network: bool) -> None:
         code, _ = on_runner.run_step([which, "--spec", spec], env={}, mounts=mounts, network=network,
-                                     log_path=log_path, timeout=recipe_timeout(recipe))
+                                     log_path=log_path, timeout=step_timeout)
         if code != 0:
             kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
             raise kind(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
@@ -243,6 +333,9 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     _download_inputs(cell, recipe, target, toolkit_source, log_path)
     if recipe.pre_build:
         phase("env,toolkit,prebuild", runner, inside_spec, True)
+    if tier == "flags":
+        phase("env,toolkit,compile", runner, inside_spec, False)
+        return _flags_result(cell, out, record_base, started, log)
     phase("env,toolkit,compile,label,repair,verify", runner, inside_spec, False)
 
     state = json.loads((out / "steps.json").read_text())
@@ -270,6 +363,21 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
         publish_wheels([wheel], house, record=record)
         log(f"{cell.id}: published {wheel.name} into {house}")
     return BuildResult(cell.id, "built", wheel, record, record_path)
+
+
+def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> BuildResult:
+    """A flags run's outcome: no wheel, the nvcc targets seen against the cell's list."""
+    from .compile import flags_summary
+
+    state = json.loads((out / "steps.json").read_text())
+    flags = state["compile"]["flags"]
+    record = {**record_base, "wheel": None, "flags": flags, "steps": state.get("timings", {}),
+              "source": state.get("source"), "seconds": round(time.time() - started, 1),
+              "peak_process_mb": state["compile"].get("peak_process_mb"), "log": str(out / "build.log")}
+    record_path = out / "build.json"
+    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    log(f"{cell.id}: {flags_summary(flags)}")
+    return BuildResult(cell.id, "flags", None, record, record_path)
 
 
 def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, log_path: Path) -> None:

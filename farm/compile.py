@@ -11,11 +11,13 @@ returns the one wheel it made.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -163,12 +165,15 @@ def build_backend(source_dir: Path) -> tuple[str, list[str]]:
 
 def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: Mapping[str, str],
                   out_dir: Path | str, log: Path | str, *, argv_prefix: Sequence[str] = (),
-                  timeout: float | None = None) -> Path:
+                  timeout: float | None = None, stop_after: float | None = None) -> Path | None:
     """The build backend's `build_wheel` in `source_dir`, run by `env_python` (no build isolation, no
     dependencies installed: the torch environment is the build environment); the wheel in `out_dir`.
 
     Output (stdout and stderr) goes to `log`. argv_prefix wraps the command (e.g. a network
     namespace: ['unshare', '--net', '--map-root-user']). Exactly one wheel must come out.
+    timeout: seconds before the compile is killed and fails; stop_after: seconds before it is
+    stopped on purpose (the flags tier), returning None instead of a wheel. Either way the whole
+    process group goes (ninja, nvcc, cicc), not only the frontend.
     """
     source_dir, out_dir, log = Path(source_dir), Path(out_dir), Path(log)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -183,12 +188,11 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
             for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "MAX_JOBS", "NVCC_APPEND_FLAGS", "CPATH", "LIBRARY_PATH"):
                 fh.write(f"#   {k}={compile_env.get(k, '')}\n")
             fh.flush()
-            try:
-                proc = subprocess.run(cmd, cwd=source_dir, env=dict(compile_env), stdout=fh,
-                                      stderr=subprocess.STDOUT, timeout=timeout)
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+            limit = stop_after if stop_after is not None else timeout
+            rc = _run_group(cmd, source_dir, compile_env, fh, limit)
+            if rc == "timeout" and stop_after is not None:
+                fh.write(f"# stopped after {time.monotonic() - t0:.1f}s (asked: stop after {stop_after:g}s)\n")
+                return None
             fh.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         if rc != 0:
             raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_last_error(log)} (log: {log})")
@@ -202,10 +206,155 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     return final
 
 
+def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: float | None) -> int | str:
+    """Run `cmd` in its own process group; past `limit` seconds stop the whole group: "timeout"."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):   # whatever ignored SIGTERM (the group outlives its leader)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "timeout"
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+_ERROR_LINE = re.compile(r"\berror\b|Error:|fatal")
+
+
+def first_error(log: Path) -> str | None:
+    """The first compiler error line of a compile log (the cause; later ones tend to follow from it)."""
+    try:
+        text = Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((ln.strip()[:300] for ln in text.splitlines()
+                 if _ERROR_LINE.search(ln) and not ln.startswith(("#", "$"))), None)
+
+
 def _last_error(log: Path) -> str:
     lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if re.search(r"\berror\b|Error:|fatal", ln) and not ln.startswith("#"):
+        if _ERROR_LINE.search(ln) and not ln.startswith("#"):
             return ln[:300]
     own = [ln for ln in lines if not ln.startswith("#")]   # not the frontend's own '# exit' notes
     return own[-1][:300] if own else "no output"
+
+
+# ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit
+#
+# When a full build cannot finish here, the flags tier still proves the arch list reaches the compiler:
+# every nvcc call goes through a recording wrapper (first on PATH, PYTORCH_NVCC, CUDACXX and CMake's
+# compiler variable), the compile runs for a bounded time, and the targets of every call are compared
+# with the cell's list. The compiler cache is off for it: a cache hit would skip the compiler.
+
+NVCC_WRAPPER = """#!/bin/sh
+# The farm's flags tier: record this call's arguments (NUL-separated), then run the real nvcc.
+f=$(mktemp {calls}/call.XXXXXX) && printf '%s\\0' "$@" > "$f"
+exec {nvcc} "$@"
+"""
+_GENCODE = ("-gencode", "--generate-code")
+_ARCH = ("-arch", "--gpu-architecture")
+_CODE = ("-code", "--gpu-code")
+_COMPILES = {"-c", "--compile", "-dc", "--device-c", "-ptx", "--ptx", "-cubin", "--cubin", "-fatbin", "--fatbin"}
+
+
+def record_nvcc_calls(env: dict[str, str], folder: Path, real_nvcc: Path | str) -> Path:
+    """Point every way a build finds nvcc at a wrapper that records its calls under `folder`/calls."""
+    calls, bin_dir = folder / "calls", folder / "bin"
+    shutil.rmtree(folder, ignore_errors=True)
+    calls.mkdir(parents=True)
+    bin_dir.mkdir()
+    wrapper = bin_dir / "nvcc"
+    wrapper.write_text(NVCC_WRAPPER.format(calls=shlex.quote(str(calls)), nvcc=shlex.quote(str(real_nvcc))))
+    wrapper.chmod(0o755)
+    env["PATH"] = _join(str(bin_dir), env.get("PATH", ""))
+    for key in ("PYTORCH_NVCC", "CUDACXX", "CUDA_NVCC_EXECUTABLE", "CMAKE_CUDA_COMPILER"):
+        env[key] = str(wrapper)
+    return calls
+
+
+def read_nvcc_calls(calls: Path) -> list[list[str]]:
+    """The argument lists the wrapper recorded, oldest first."""
+    found = sorted(Path(calls).glob("call.*"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in found]
+
+
+def _option_values(argv: Sequence[str], names: tuple[str, ...]) -> list[str]:
+    """Values of an option given as `-opt value`, `-opt=value` (nvcc accepts both)."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif "=" in arg and arg.split("=", 1)[0] in names:
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _codes(text: str) -> list[str]:
+    return [c.strip() for c in text.strip().strip('"').strip("[]").split(",") if c.strip()]
+
+
+def nvcc_targets(argv: Sequence[str]) -> set[str]:
+    """What one nvcc call emits: sm_XX (SASS), compute_XX (PTX), or how it was left to nvcc
+    (`-arch=native`, `nvcc default` when a compile names no target at all)."""
+    found: set[str] = set()
+    for value in _option_values(argv, _GENCODE):
+        arch = re.search(r"arch=([\w]+)", value)
+        code = re.search(r"code=(\[[^\]]*\]|\"[^\"]*\"|[^,]+(?:,(?:sm|compute|lto)_\w+)*)", value)
+        found.update(_codes(code.group(1)) if code else [arch.group(1)] if arch else [])
+    codes = [c for v in _option_values(argv, _CODE) for c in _codes(v)]
+    for arch in _option_values(argv, _ARCH):
+        if arch in ("native", "all", "all-major"):
+            found.add(f"-arch={arch}")
+        elif codes:
+            found.update(codes)
+        elif arch.startswith("sm_"):   # -arch=sm_XX is -arch=compute_XX -code=sm_XX,compute_XX
+            found.update({arch, "compute_" + arch[3:]})
+        else:
+            found.add(arch)
+    if not found and _COMPILES & set(argv):
+        found.add("nvcc default")
+    return found
+
+
+def _by_arch(names) -> list[str]:
+    return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
+
+
+def flags_report(calls: list[list[str]], arch_list: ArchList) -> dict:
+    """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
+    PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own."""
+    want = {f"sm_{t.sm}{t.variant}" for t in arch_list} | {f"compute_{t.sm}{t.variant}" for t in arch_list if t.ptx}
+    per_call = [t for t in (nvcc_targets(argv) for argv in calls) if t]
+    seen = set().union(*per_call) if per_call else set()
+    missing, extra = want - seen, seen - want
+    return {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
+            "sass": _by_arch(n for n in seen if n.startswith("sm_")),
+            "ptx": _by_arch(n for n in seen if n.startswith("compute_")),
+            "other": _by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
+            "equal": bool(per_call) and not missing and not extra,
+            "missing": _by_arch(missing), "extra": _by_arch(extra),
+            "calls_differing": sum(1 for t in per_call if t != want)}
+
+
+def flags_summary(report: dict) -> str:
+    """One line: `flags verified, not built: ...`."""
+    seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
+    head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
+    if report["equal"]:
+        return f"{head}: equal to the cell's list {report['expected']}"
+    if not report["compiling_invocations"]:
+        return f"{head}: no nvcc compile started before the stop"
+    diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
+            f"extra {' '.join(report['extra'])}" if report["extra"] else ""]
+    return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"

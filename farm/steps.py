@@ -123,14 +123,19 @@ class Steps:
         return env
 
     def compile(self) -> dict:
-        from .compile import compile_wheel
+        from .compile import compile_wheel, flags_report, read_nvcc_calls, record_nvcc_calls
 
         self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
         env = self._compile_env(exported)
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
-        wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log")
+        flags = self.spec.get("flags")   # the flags tier: record nvcc's calls, stop after a bounded time
+        calls = record_nvcc_calls(env, self.out / "nvcc-calls", self.toolkit.nvcc) if flags else None
+        wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log",
+                              stop_after=flags["stop_after_s"] if flags else None)
+        found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
+            if flags else {}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):
             from .ccache import read_stats_log
@@ -140,7 +145,8 @@ class Steps:
         import resource
 
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-        return {"wheel": str(wheel), "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
+        return {"wheel": str(wheel) if wheel else None, **found,
+                "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
                 "compiler_cache": cache, "peak_process_mb": peak_mb}
 
     def _start_import_child(self) -> None:

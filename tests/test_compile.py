@@ -92,3 +92,69 @@ def test_a_setup_py_source_builds_with_each_python_the_farm_uses(tmp_path, versi
     (src / "plain.py").write_text("")
     wheel = compile_wheel(src, python, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log")
     assert wheel.name == "plain-1.0-py3-none-any.whl", (tmp_path / "c.log").read_text()[-2000:]
+
+
+# ---------------------------------------------------------------- the flags tier's reading of nvcc calls
+
+def test_nvcc_targets_reads_every_spelling_of_a_target():
+    from farm.compile import nvcc_targets
+
+    assert nvcc_targets(["-c", "a.cu", "-gencode=arch=compute_80,code=sm_80",
+                         "-gencode", "arch=compute_90,code=[sm_90,compute_90]"]) == {"sm_80", "sm_90", "compute_90"}
+    assert nvcc_targets(["-c", "a.cu", '--generate-code=arch=compute_120,code="sm_120,compute_120"']) == \
+        {"sm_120", "compute_120"}
+    assert nvcc_targets(["-c", "a.cu", "-arch=sm_86"]) == {"sm_86", "compute_86"}   # -arch=sm_XX: SASS and PTX
+    assert nvcc_targets(["-c", "a.cu", "-arch", "compute_90a", "-code", "sm_90a"]) == {"sm_90a"}
+    assert nvcc_targets(["-c", "a.cu", "-arch=native"]) == {"-arch=native"}
+    assert nvcc_targets(["-c", "a.cu"]) == {"nvcc default"}
+    assert nvcc_targets(["--version"]) == set()
+
+
+def test_flags_report_names_what_is_missing_and_extra(tmp_path):
+    from farm.archlist import ArchList
+    from farm.compile import flags_report, flags_summary, read_nvcc_calls, record_nvcc_calls
+
+    # the wrapper itself, with a stand-in for nvcc that only says it ran
+    real = tmp_path / "real-nvcc"
+    real.write_text("#!/bin/sh\necho real nvcc ran \"$@\"\n")
+    real.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin"}
+    calls = record_nvcc_calls(env, tmp_path / "rec", real)
+    assert env["PYTORCH_NVCC"] == env["CUDACXX"] == str(tmp_path / "rec" / "bin" / "nvcc")
+    for argv in (["-c", "a b.cu", "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=compute_90"],
+                 ["-c", "b.cu", "-gencode=arch=compute_89,code=sm_89"], ["--version"]):
+        done = subprocess.run(["nvcc", *argv], env=env, capture_output=True, text=True, check=True)
+        assert done.stdout.startswith("real nvcc ran")
+    seen = read_nvcc_calls(calls)
+    assert sorted(seen) == sorted([["-c", "a b.cu", "-gencode=arch=compute_80,code=sm_80",
+                                    "-gencode=arch=compute_90,code=compute_90"],
+                                   ["-c", "b.cu", "-gencode=arch=compute_89,code=sm_89"], ["--version"]])
+    report = flags_report(seen, ArchList.parse("8.0 9.0+PTX"))
+    assert report["invocations"] == 3 and report["compiling_invocations"] == 2
+    assert (report["sass"], report["ptx"]) == (["sm_80", "sm_89"], ["compute_90"])
+    assert not report["equal"] and report["missing"] == ["sm_90"] and report["extra"] == ["sm_89"]
+    assert report["calls_differing"] == 2
+    assert "missing sm_90; extra sm_89" in flags_summary(report)
+    exact = flags_report([["-c", "x.cu", "-gencode=arch=compute_80,code=sm_80"]], ArchList.parse("8.0"))
+    assert exact["equal"] and "equal to the cell's list 8.0" in flags_summary(exact)
+
+
+def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
+    from farm.compile import compile_wheel
+
+    marker = f"farm-test-sleeper-{os.getpid()}"
+    src = source(tmp_path, BACKEND.replace(
+        '    _log("build_wheel")', f'    import subprocess; subprocess.Popen(["sh", "-c", "sleep 300; : {marker}"]); '
+                                  '_log("sleeper started"); subprocess.run(["sleep", "300"])'))
+    wheel = compile_wheel(src, sys.executable, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log",
+                          stop_after=3)
+    assert wheel is None and "# stopped after" in (tmp_path / "c.log").read_text()
+    alive = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(marker)]
+    assert alive == [], "a grandchild of the stopped compile is still running"
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,294 @@
+"""Build tiers, build records and the status table (README "Build tiers and the recipe status table").
+
+The smoke and flags builds run the real `farm build` on the host runner against the bundled demo
+(real nvcc, real torch); the table and the refusals need no compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from farmcli import PROJECT, run_farm
+from hostile import assert_one_line_refusal, tree_state
+from wheel_builder import demo_extension
+
+from farm.fatbin import read_fatbin
+
+CELL = "farm_demo-cu130-torch2.13-py311"
+DEMO_LIST = "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"
+ALL_SASS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+@pytest.fixture()
+def recipes(tmp_path):
+    """A recipes folder holding the demo (its path source made absolute); records go to its records/."""
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
+    (folder / "farm_demo.yml").write_text(
+        demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}"))
+    return folder
+
+
+def build(recipes: Path, out: Path, *args, timeout=1800):
+    return run_farm("build", *args, "--runner", "host", "--no-publish", "--out", str(out), env={
+        "FARM_RECIPES": str(recipes), "FARM_WHEELHOUSE": str(out.parent / "wheelhouse")}, timeout=timeout)
+
+
+# ---------------------------------------------------------------- smoke
+
+@pytest.mark.slow
+def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes, tmp_path):
+    out = tmp_path / "out"
+    res = build(recipes, out, CELL, "--smoke", "--arch", "12.0+PTX", "--record")
+    assert res.returncode == 0, res.stderr + res.stdout
+    [wheel] = list((out / "wheel").glob("*.whl"))
+    report = read_fatbin(demo_extension(wheel, tmp_path / "unpacked"))
+    assert report.sass() == {(120, "")} and report.ptx() == {(120, "")}   # the +PTX token kept its PTX
+    with zipfile.ZipFile(wheel) as zf:
+        info = json.loads(zf.read("farm_demo-0.1.0+cu130torch2.13.dist-info/farm_build.json"))
+    assert info["tier"] == "smoke" and info["arch_list"] == "12.0+PTX"
+    build_json = json.loads((out / "build.json").read_text())
+
+    # its key is not the full cell's: the arch list is in the key
+    from farm.buildkey import KeyMaker, context_for
+    from farm.plan import cell_plan
+
+    os.environ["FARM_RECIPES"] = str(recipes)
+    try:
+        cell, plan = cell_plan(CELL)
+        full_key = KeyMaker(plan.defaults, plan.recipes).key(cell, context_for(cell.platform, "host"))
+    finally:
+        del os.environ["FARM_RECIPES"]
+    assert cell.arch.arch_list.torch() == DEMO_LIST and build_json["build_key"] != full_key
+
+    record = json.loads((recipes / "records" / "farm_demo.json").read_text())
+    assert record["tier"] == "smoke" and record["cell"] == CELL and record["arch_list"] == "12.0+PTX"
+    assert (record["sass"], record["ptx"], record["gate"]) == (["sm_120"], ["compute_120"], "pass")
+    assert record["wheel"] == wheel.name and record["wheel_bytes"] == wheel.stat().st_size
+    assert record["peak_mb"] > 100 and record["steps"]["compile"] > 0 and record["wall_s"] > record["steps"]["compile"]
+    assert record["build_key"] == build_json["build_key"] and str(PROJECT) not in json.dumps(record)
+
+    house = tmp_path / "house"
+    house.mkdir()
+    before = tree_state(house)
+    refused = run_farm("publish", str(wheel), "--wheelhouse", str(house))
+    assert_one_line_refusal(refused, 2, "smoke")
+    assert tree_state(house) == before
+
+
+# ---------------------------------------------------------------- flags
+
+def _leftovers(marker: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and ("nvcc" in cmd or "cicc" in cmd or "ninja" in cmd):
+            found.append(cmd.replace("\0", " ")[:200])
+    return found
+
+
+@pytest.mark.slow
+def test_flags_tier_on_the_demo_records_exactly_the_list(recipes, tmp_path):
+    out = tmp_path / "out"
+    res = build(recipes, out, CELL, "--flags-only", "--for", "0.75", "--record")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert f"flags verified, not built: {' '.join(ALL_SASS)} compute_90 compute_120" in res.stdout
+    assert not list(out.rglob("*.whl"))
+    record = json.loads((recipes / "records" / "farm_demo.json").read_text())
+    flags = record["flags"]
+    assert record["tier"] == "flags" and flags["equal"] and flags["missing"] == flags["extra"] == []
+    assert flags["sass"] == ALL_SASS and flags["ptx"] == ["compute_90", "compute_120"]
+    assert flags["compiling_invocations"] >= 1 and flags["calls_differing"] == 0
+    assert not _leftovers(str(tmp_path)), "a compile process outlived the flags run's stop"
+
+
+HARDCODED_SETUP = '''
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+setup(name="hardcoded", version="0.1.0", packages=["hardcoded"],
+      ext_modules=[CUDAExtension("hardcoded._C", ["k.cu"],
+                                 extra_compile_args={"cxx": [], "nvcc": ["-gencode=arch=compute_89,code=sm_89"]})],
+      cmdclass={"build_ext": BuildExtension})
+'''
+KERNEL = '''
+#include <torch/extension.h>
+__global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+'''
+
+
+@pytest.mark.slow
+def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_path):
+    src = tmp_path / "hardcoded"
+    (src / "hardcoded").mkdir(parents=True)
+    (src / "hardcoded" / "__init__.py").write_text("")
+    (src / "setup.py").write_text(HARDCODED_SETUP)
+    (src / "k.cu").write_text(KERNEL)
+    (recipes / "hardcoded.yml").write_text(
+        f"name: hardcoded\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
+        "min_torch: '2.13'\n")
+    out = tmp_path / "out"
+    res = build(recipes, out, "hardcoded-cu130-torch2.13-py311", "--flags-only", "--for", "1", "--record")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert f"differs from the cell's list {DEMO_LIST} (extra sm_89)" in res.stdout
+    flags = json.loads((recipes / "records" / "hardcoded.json").read_text())["flags"]
+    assert not flags["equal"] and flags["extra"] == ["sm_89"] and flags["missing"] == []
+    assert flags["calls_differing"] == flags["compiling_invocations"] == 1
+
+    table = run_farm("recipes", "status", "--out", str(tmp_path / "status.md"), env={"FARM_RECIPES": str(recipes)})
+    assert table.returncode == 0, table.stderr
+    row = next(ln for ln in (tmp_path / "status.md").read_text().splitlines() if ln.startswith("| hardcoded "))
+    assert "| flags |" in row and "flags differ: extra sm_89" in row
+
+
+# ---------------------------------------------------------------- the status table
+
+def _record(folder: Path, name: str, **fields) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"recipe": name, **fields}))
+
+
+def test_status_table_from_records_every_recipe_and_column(tmp_path):
+    from farm.recipe_status import COLUMNS
+    from farm.recipes import load_recipes
+
+    names = sorted(load_recipes())
+    records = tmp_path / "records"
+    _record(records, "farm_demo", tier="full", cell=CELL, date="2026-12-01T10:00:00Z", wall_s=153.2,
+            peak_mb=2150, wheel_bytes=2_345_678, sass=ALL_SASS, ptx=["compute_90", "compute_120"], gate="pass",
+            source={"kind": "path"}, patches=[])
+    _record(records, "diso", tier="failed", tier_asked="smoke", cell="diso-cu130-torch2.13-py312",
+            date="2026-12-02T09:00:00Z", reason="csrc/x.cu(3): error: identifier \"foo\" is undefined",
+            source={"kind": "sdist", "sha256": "ab" * 32}, patches=[{"file": "0001-fix.patch", "sha256": "cd" * 32}])
+    blocked = run_farm("recipes", "block", "natten", "--why", "  needs 40 GB per job\tand 6 h  ",
+                       "--records", str(records))
+    assert blocked.returncode == 0, blocked.stderr
+    out = tmp_path / "docs" / "recipe-status.md"
+    res = run_farm("recipes", "status", "--records", str(records), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    lines = text.splitlines()
+    header = next(ln for ln in lines if ln.startswith("| recipe "))
+    assert [c.strip() for c in header.strip("|").split("|")] == list(COLUMNS)
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in lines if ln.startswith("| ") and ln is not header}
+    assert sorted(rows) == names and len(names) >= 45
+    demo = dict(zip(COLUMNS, rows["farm_demo"], strict=True))
+    assert (demo["tier"], demo["cell"], demo["wall"], demo["peak mem"], demo["wheel"]) == \
+        ("full", CELL, "2.6 min", "2.1 GB", "2.3 MB")
+    assert demo["SASS"] == " ".join(ALL_SASS) and demo["PTX"] == "compute_90 compute_120"
+    assert (demo["gate"], demo["date"]) == ("pass", "2026-12-01")
+    diso = dict(zip(COLUMNS, rows["diso"], strict=True))
+    assert diso["tier"] == "failed (asked smoke)" and diso["reason"].startswith("csrc/x.cu(3): error")
+    assert diso["source pin"] == "sha256 " + "ab" * 6 and diso["patches"] == "0001-fix.patch"
+    natten = dict(zip(COLUMNS, rows["natten"], strict=True))
+    assert natten["tier"] == "blocked" and natten["reason"] == "needs 40 GB per job and 6 h"
+    assert natten["cell"] == "natten-cu130-torch2.13-py312"
+    not_built = [n for n, r in rows.items() if r[3] == "not built yet"]
+    assert len(not_built) == len(names) - 3
+    assert f"{len(names)} recipes: 1 blocked, 1 failed, 1 full, {len(names) - 3} not built yet." in text
+    # the printed table carries the same rows, the reason at the end of its line
+    assert any(ln.startswith("natten ") and ln.endswith("-- needs 40 GB per job and 6 h")
+               for ln in res.stdout.splitlines())
+
+
+def test_the_committed_status_page_is_what_the_records_generate(tmp_path):
+    out = tmp_path / "recipe-status.md"
+    res = run_farm("recipes", "status", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert out.read_text() == (PROJECT / "docs" / "recipe-status.md").read_text(), \
+        "docs/recipe-status.md is stale or hand-edited: run `farm recipes status`"
+
+
+# ---------------------------------------------------------------- malformed input: one line, nothing written
+
+BAD_RECORDS = {
+    "not-json": ("farm_demo", "{not json", "not a JSON build record"),
+    "a-list": ("farm_demo", "[1, 2]", "a build record is a JSON object"),
+    "other-recipe": ("farm_demo", json.dumps({"recipe": "diso", "tier": "full", "cell": CELL, "date": "d"}),
+                     "'diso'"),
+    "unknown-tier": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "great", "cell": CELL, "date": "d"}),
+                     "tier: 'great'"),
+    "blocked-without-reason": ("diso", json.dumps({"recipe": "diso", "tier": "blocked", "cell": "c", "date": "d"}),
+                               "reason"),
+    "negative-wall": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
+                                               "wall_s": -3}), "wall_s: -3"),
+    "sass-not-a-list": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
+                                                 "sass": "sm_80"}), "sass: 'sm_80'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_a_bad_record_is_refused_before_the_table_is_written(tmp_path, case):
+    name, text, needle = BAD_RECORDS[case]
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / f"{name}.json").write_text(text)
+    before = tree_state(tmp_path)
+    res = run_farm("recipes", "status", "--records", str(records), "--out", str(tmp_path / "status.md"))
+    line = assert_one_line_refusal(res, 2, needle)
+    assert f"{name}.json" in line
+    assert tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["recipes", "block", "no_such_recipe", "--why", "x"], "no_such_recipe"),
+    (["recipes", "block", "diso", "--why", "   "], "--why"),
+    (["recipes", "block", "diso", "--why", "two\nlines"], "--why"),
+    (["build", CELL, "--for", "5"], "only --flags-only"),
+    (["build", CELL, "--flags-only", "--for", "0"], "--for: 0.0"),
+    (["build", CELL, "--flags-only", "--for", "nan"], "--for: nan"),
+    (["build", CELL, "--smoke", "--arch", "8.9"], "not a token of"),
+    (["build", CELL, "--smoke", "--arch", "sm_eighty"], "--arch"),
+    (["build", CELL, "--arch", "8.0"], "only a --smoke build"),
+])
+def test_bad_tier_and_record_arguments_are_refused_in_one_line(tmp_path, args, needle):
+    records = tmp_path / "records"
+    out = tmp_path / "out"
+    extra = ["--records", str(records)] if args[1] == "block" else ["--out", str(out), "--runner", "host"]
+    res = run_farm(*args, *extra)
+    assert_one_line_refusal(res, 2, needle)
+    assert not records.exists() and not out.exists()
+
+
+# ---------------------------------------------------------------- a CUDA 12.x cell without its toolkit
+
+def _cu12_recipes(tmp_path) -> Path:
+    """A recipe with no needs_patch whose git source is never reachable: only a refusal may answer."""
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "cu12probe.yml").write_text(
+        "name: cu12probe\nsource:\n  git:\n    url: https://127.0.0.1:9/unreachable.git\n"
+        f"    ref: '{'a' * 40}'\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n")
+    return folder
+
+
+@pytest.mark.parametrize("runner", ["host", "container", "nox"])
+def test_a_cu128_cell_without_a_cuda_12_8_toolkit_is_refused_before_any_download(tmp_path, runner):
+    from farm.toolkit import find_system_toolkit
+
+    if find_system_toolkit("12.8")[0] is not None:
+        pytest.skip("a CUDA 12.8 toolkit is installed here")
+    cell = "cu12probe-cu128-torch2.8-py312"
+    env = {"FARM_RECIPES": str(_cu12_recipes(tmp_path)), "FARM_CACHE": str(tmp_path / "cache"),
+           "FARM_WHEELHOUSE": str(tmp_path / "house")}
+    if runner == "nox":   # the session runs `farm build` with the default runner
+        res = subprocess.run([str(PROJECT / ".venv" / "bin" / "nox"), "-s", f"build-{cell}"], cwd=PROJECT,
+                             env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    else:
+        res = run_farm("build", cell, "--runner", runner, "--out", str(tmp_path / "out"), env=env)
+    line = assert_one_line_refusal(res, 2, "needs the CUDA 12.8 toolkit")
+    assert "patch" not in line
+    cached = {p for p in tree_state(tmp_path / "cache") if not p.startswith(("engine-cwd", "images", "plan"))}   # no download, no source
+    assert cached == set(), f"written before the refusal: {sorted(cached)}"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "house").exists()
