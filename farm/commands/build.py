@@ -17,6 +17,17 @@ def register(sub) -> None:
     parser.add_argument("--wheelhouse", type=Path)
     parser.add_argument("--plat", help="wheel platform tag to ask auditwheel for (default: the image's)")
     parser.add_argument("--no-compiler-cache", action="store_true", help="compile without ccache (benchmarks)")
+    tier = parser.add_mutually_exclusive_group()
+    tier.add_argument("--smoke", action="store_true",
+                      help="build ONE token of the cell's arch list (never published; its own build key)")
+    tier.add_argument("--flags-only", action="store_true",
+                      help="record every nvcc call's targets and compare them with the cell's list; "
+                           "stop the compile after --for minutes, build no wheel")
+    parser.add_argument("--arch", help="--smoke: the token to build, e.g. 8.6 or 12.0+PTX (default: the lowest)")
+    parser.add_argument("--for", dest="minutes", type=float,
+                        help="--flags-only: minutes of compile before it is stopped (default 10)")
+    parser.add_argument("--record", action="store_true",
+                        help="write the recipe's build record, recipes/records/<name>.json (also FARM_RECORD=1)")
     parser.set_defaults(func=build_command)
 
 
@@ -25,10 +36,24 @@ def build_command(args) -> int:
 
     result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
                         publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
-                        compiler_cache=not args.no_compiler_cache)
+                        compiler_cache=not args.no_compiler_cache, record=args.record or None,
+                        tier="smoke" if args.smoke else "flags" if args.flags_only else "full", arch=args.arch,
+                        flags_minutes=_minutes(args))
     if result.wheel:
         print(f"wheel:      {result.wheel}")
     if result.record:
         print(f"arch list:  {result.record['arch_list']}")
         print(f"record:     {result.record_path}")
     return 0
+
+
+def _minutes(args) -> float | None:
+    from ..errors import BadInput
+
+    if args.minutes is None:
+        return None
+    if not args.flags_only:
+        raise BadInput("farm build", "--for", args.minutes, "only --flags-only stops the compile after a time")
+    if not 0 < args.minutes <= 24 * 60:
+        raise BadInput("farm build", "--for", args.minutes, "expected minutes > 0 and at most 1440")
+    return args.minutes

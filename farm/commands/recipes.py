@@ -19,6 +19,9 @@ def register(sub) -> None:
     listing = verbs.add_parser("list", help="one line per recipe: torch axis, wheel ABI, platforms, source")
     listing.add_argument("--format", choices=("table", "json"), default="table")
     listing.set_defaults(func=list_command)
+    from ..recipe_status import register_verbs
+
+    register_verbs(verbs)   # status, block, rebuild
 
 
 def check_command(args) -> int:
