@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(mark, "w") as fh:
             fh.write(repr(time.time()))
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)   # an argument's `type` may refuse a value in one line too
         return int(args.func(args) or 0)
     except FarmError as exc:
         print(f"farm: {exc}", file=sys.stderr)

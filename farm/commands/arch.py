@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from ..arches import NO_OVERRIDES, resolve
 from ..archlist import ArchList
+from ..errors import NoSuchCell
 from ..platforms import lane
 from ..policy import clamp, load_defaults
-from .common import add_platform, check_cuda, check_version, load_recipe_arch, print_json
+from ..versions import minor_of, vtuple
+from .common import Known, add_platform, load_recipe_arch, print_json
 
 
 def register(sub) -> None:
@@ -25,9 +27,17 @@ def register(sub) -> None:
 
 
 def explain(cuda: str, torch: str, platform: str, package: str | None = None, arch_list: str | None = None):
+    from ..grid import load_grid
+
     defaults = load_defaults()
-    check_cuda(cuda, defaults)
-    check_version(torch, "--torch")
+    grid = load_grid(defaults.folder)
+    recipe = load_recipe_arch(package) if package else None
+    Known.of(defaults, {recipe.name: recipe} if recipe else None, grid).check(cuda=(cuda,), torch=(torch,))
+    own = recipe is not None and any((c.cuda, minor_of(c.torch)) == (cuda, torch) for c in recipe.combinations)
+    if grid.row(cuda, torch) is None and not own:   # both values exist, but not together
+        lines = sorted({r.cuda for r in grid.rows if r.torch == torch}, key=vtuple)
+        raise NoSuchCell(f"no such cell: the grid has no CUDA {cuda} build of torch {torch}"
+                         + (f" (torch {torch} is built for CUDA {', '.join(lines)})" if lines else ""))
     if arch_list is not None:
         explicit = ArchList.parse(arch_list, "command line", "--arch-list")
         clamp(explicit, cuda, defaults.toolkits, "command line", "--arch-list")
@@ -37,8 +47,7 @@ def explain(cuda: str, torch: str, platform: str, package: str | None = None, ar
         from ..arches import Resolution
 
         return Resolution(explicit.normalised(), "--arch-list", lane(platform), cuda, torch)
-    if package:
-        recipe = load_recipe_arch(package)
+    if recipe is not None:
         return resolve(cuda, torch, platform, defaults, recipe.arch, where=str(recipe.path))
     return resolve(cuda, torch, platform, defaults, NO_OVERRIDES)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .common import empty_selection, output_dir
 from .plan import add_filters, filters_of, selected
 
 
@@ -29,13 +30,16 @@ def github_command(args) -> int:
     from ..ci import actionlint_config, github_workflows
     from ..yamlio import write_atomic
 
-    plan, cells, shard = selected(args)
+    output_dir(args.out, "--out")
+    plan, cells, shard = selected(args)   # every value known before anything is written
+    if not cells:
+        print(f"{empty_selection(args)}; nothing written")
+        return 0
     files, chunks, left = github_workflows(plan, cells, filters_of(args), shard, out_dir=str(args.out))
     for name, text in files.items():
         write_atomic(args.out / name, text)
         print(f"wrote {args.out / name} ({len(text.encode())} bytes)")
-    config = args.out.parent / "actionlint.yaml"   # .github/actionlint.yaml next to .github/workflows/
-    write_atomic(config, actionlint_config())
+    write_atomic(config := actionlint_path(args.out), actionlint_config())
     print(f"wrote {config}")
     lanes = sorted({c.lane for c in chunks})
     print(f"{sum(len(c.cells) for c in chunks)} cells in {len(chunks)} build jobs ({', '.join(lanes) or 'none'})")
@@ -43,6 +47,14 @@ def github_command(args) -> int:
         print(f"left out: {sum(len(v) for v in left.values())} cells of recipes that need a patch nobody wrote: "
               + ", ".join(left))
     return 0
+
+
+def actionlint_path(out: Path) -> Path:
+    """actionlint reads .github/actionlint.yaml, and GitHub would take any YAML file inside
+    .github/workflows/ for a workflow: beside it for that layout, else inside --out (never elsewhere)."""
+    if out.name == "workflows" and out.parent.name == ".github":
+        return out.parent / "actionlint.yaml"
+    return out / "actionlint.yaml"
 
 
 def outputs_command(args) -> int:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from ..coverage import DEAD, JIT, NATIVE, UNKNOWN, device_for_sm
 from ..errors import BadInput
 from ..find import coverage_rows, find
 from ..policy import load_defaults
 from ..versions import vtuple
-from .common import add_platform, check_cuda, check_version, load_recipe_arch, print_json
+from .common import (
+    add_platform,
+    check_selection,
+    check_version,
+    did_you_mean,
+    empty_selection,
+    print_json,
+    unknown,
+)
 
 MARK = {NATIVE: "N", JIT: "J", UNKNOWN: "?", DEAD: "x"}
 
@@ -43,13 +53,12 @@ def _grid():
 
 def coverage_command(args) -> int:
     defaults = load_defaults()
-    check_cuda(args.cuda, defaults)
-    check_version(args.torch, "--torch")
-    recipe = load_recipe_arch(args.package) if args.package else None
+    recipe = _recipe(args, defaults)
     rows = list(coverage_rows(defaults, _grid(), recipe=recipe, cuda=args.cuda, torch=args.torch,
                               platform=args.platform, driver=args.driver))
-    if not rows:
-        raise BadInput("command line", "--cuda/--torch/--platform", None, "no channel matches these filters")
+    if not rows:   # known values, no channel: an empty answer, not a mistake
+        print(empty_selection(args, "channels"))
+        return 0
     if args.format == "json":
         print_json([{"cuda": c.cuda, "torch": c.torch, "platform": c.platform,
                      "devices": {cc: {"status": v.status, "reason": v.reason} for cc, v in vs.items()}}
@@ -78,27 +87,44 @@ def coverage_command(args) -> int:
     return 0
 
 
+def _recipe(args, defaults, selection=None):
+    """The --package recipe (or None), once every selected value (of `selection`, default `args`) is known."""
+    from ..recipes import load_recipes
+
+    recipes = load_recipes(defaults=defaults)
+    check_selection(selection or args, defaults, recipes)
+    return recipes[args.package] if args.package else None
+
+
 def _device(args, defaults):
+    """The device of --gpu or --sm; only devices of defaults/gpus.yml (Tegra parts by compute capability
+    too): an answer for a device that does not exist would be invented."""
+    gpus = defaults.gpus
     if args.gpu:
-        device = defaults.gpus.by_name(args.gpu)
+        device = gpus.by_name(args.gpu)
         if device is None:
-            raise BadInput("command line", "--gpu", args.gpu, "unknown GPU (see defaults/gpus.yml, or use --sm)")
+            products = [p for d in gpus.devices for p in d.products]
+            raise BadInput("command line", "--gpu", args.gpu, "unknown GPU (see defaults/gpus.yml, or use --sm)"
+                           + did_you_mean(args.gpu, products))
         return device
+    ccs = {d.cc for d in gpus.devices} | {d.alias for d in gpus.devices if d.alias} | set(gpus.tegra_ccs)
     try:
         cc = vtuple(args.sm)
-        if len(cc) != 2:
-            raise ValueError
     except ValueError:
-        raise BadInput("command line", "--sm", args.sm, "expected a compute capability like 8.9") from None
+        cc = ()
+    if cc not in ccs:
+        known = [f"{major}.{minor}" for major, minor in sorted(ccs)]
+        raise unknown("--sm", args.sm, "compute capability in defaults/gpus.yml", known)
     return device_for_sm(cc, defaults)
 
 
 def find_command(args) -> int:
     defaults = load_defaults()
-    check_version(args.python, "--python")
-    check_version(args.torch, "--torch")
     device = _device(args, defaults)
-    recipe = load_recipe_arch(args.package) if args.package else None
+    # --torch is what the user has installed, which may be newer than any channel: find falls back and
+    # says so (a well-formed version is enough); Python and package select from the farm's own tables.
+    check_version(args.torch, "--torch")
+    recipe = _recipe(args, defaults, SimpleNamespace(package=args.package, python=args.python))
     answer = find(device, args.platform, args.python, defaults, _grid(), driver=args.driver, torch=args.torch,
                   recipe=recipe)
     if args.format == "json":

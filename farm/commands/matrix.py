@@ -21,6 +21,7 @@ from ..grid import (
 )
 from ..pages.matrix import write_matrix
 from ..policy import load_defaults
+from .common import output_dir, output_file
 
 # farm.upstream (requests) and farm.watch are imported by the verbs that use them: every
 # `farm` command registers this module, and none of the others should pay for requests.
@@ -61,7 +62,7 @@ def scrape_command(args) -> int:
     from ..upstream import TIMEOUT, Fetcher, scrape, write_pcwm
 
     defaults = load_defaults()
-    out = args.out or defaults.folder / PCWM_FILE
+    out = output_file(args.out, "--out") or defaults.folder / PCWM_FILE
     fetcher = Fetcher(timeout=(TIMEOUT[0], args.timeout or TIMEOUT[1]))
     try:
         result = scrape(args.index_url, defaults.grid_policy, args.source_label, fetcher)
@@ -77,6 +78,7 @@ def scrape_command(args) -> int:
 
 
 def derive_command(args) -> int:
+    output_dir(args.out_dir, "--out-dir")
     defaults = load_defaults()
     policy = defaults.grid_policy
     source = args.pcwm or defaults.folder / PCWM_FILE
@@ -108,7 +110,7 @@ def watch_command(args) -> int:
 def pages_command(args) -> int:
     defaults = load_defaults()
     pcwm = load_pcwm(defaults.folder)
-    out = args.out or paths.wheelhouse_dir() / "matrix"
+    out = output_dir(args.out, "--out") or paths.wheelhouse_dir() / "matrix"
     path = write_matrix(out, pcwm, load_grid(defaults.folder))
     print(f"wrote {paths.display(path)}")
     return 0

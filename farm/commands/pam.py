@@ -7,7 +7,7 @@ from pathlib import Path
 from .. import paths
 from ..pam_measure import measure, write_measurement
 from ..policy import PAM_MEASURED_FILE, load_defaults
-from .common import print_json
+from .common import output_file, print_json
 
 
 def register(sub) -> None:
@@ -25,6 +25,7 @@ def register(sub) -> None:
 
 
 def measure_command(args) -> int:
+    output_file(args.out, "--out")
     result = measure(args.source)
     table = load_defaults().pam.lookup(result.torch_minor, result.cuda, result.platform)
     written = None if args.dry_run else write_measurement(result, args.out)

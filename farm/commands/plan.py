@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 from ..plan import Filters, full_plan, in_shard, parse_shard
 from ..platforms import PLATFORMS
-from .common import print_json
+from .common import check_selection, empty_selection, input_dir, platform_value, print_json
 
 
 def add_filters(parser) -> None:
@@ -14,7 +15,8 @@ def add_filters(parser) -> None:
     parser.add_argument("--cuda", action="append", default=[])
     parser.add_argument("--torch", action="append", default=[])
     parser.add_argument("--python", action="append", default=[])
-    parser.add_argument("--platform", action="append", default=[], choices=PLATFORMS)
+    parser.add_argument("--platform", action="append", default=[], type=platform_value,
+                        metavar="{" + ",".join(PLATFORMS) + "}")
     parser.add_argument("--shard", help="i/n: only this host's share (a hash of the cell id)")
 
 
@@ -31,20 +33,38 @@ def register(sub) -> None:
     parser.set_defaults(func=plan_command)
 
 
+def planned(args):
+    """The plan, once every selected value is known (a typo is refused before anything is derived)."""
+    from ..grid import load_grid
+    from ..policy import load_defaults
+    from ..recipes import load_recipes
+
+    defaults = load_defaults()
+    recipes = load_recipes(defaults=defaults)
+    grid = load_grid(defaults.folder)
+    check_selection(args, defaults, recipes, grid)
+    return full_plan(defaults, recipes, grid)
+
+
 def selected(args):
     """(plan, the cells the filters, --shard and --missing select, the shard): for plan and ci."""
-    plan = full_plan()
     shard = parse_shard(args.shard) if args.shard else None
+    input_dir(getattr(args, "wheelhouse", None), "--wheelhouse")
+    plan = planned(args)
     cells = in_shard(plan.select(filters_of(args)), shard)
     if getattr(args, "missing", False):
         from ..run import missing_cells
 
-        cells = missing_cells(plan, cells)
+        cells = missing_cells(plan, cells, getattr(args, "wheelhouse", None))
     return plan, cells, shard
 
 
 def plan_command(args) -> int:
-    plan, cells, _ = selected(args)
+    plan, cells, shard = selected(args)
+    if not cells:   # known values that select nothing: said once, on stderr when stdout is data
+        built = args.missing and in_shard(plan.select(filters_of(args)), shard)
+        print("0 cells: every selected cell is in the wheelhouse with its build key" if built
+              else empty_selection(args), file=sys.stderr if args.format != "table" else sys.stdout)
     if args.format == "json":
         print_json([{"id": c.id, "package": c.recipe_name, "cuda": c.cuda, "torch": c.torch,
                      "torch_pin": c.torch_pin, "python": c.python, "platform": c.platform,
@@ -67,5 +87,6 @@ def plan_command(args) -> int:
         return 0
     for c in cells:
         print(f"{c.id:<60} {c.torch_pin:<8} {c.arch.arch_list}")
-    print(f"{len(cells)} cells")
+    if cells:
+        print(f"{len(cells)} cells")
     return 0

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..runners import RUNNER_KINDS
+from .common import check_selection, empty_selection, output_dir
 from .plan import add_filters, filters_of
 
 
@@ -37,10 +38,17 @@ def run_command(args) -> int:
             raise BadInput("command line", f"--{name.replace('_', '-')}", value, "must be at least 1")
     if args.mem_budget is not None and args.mem_budget <= 0:
         raise BadInput("command line", "--mem-budget", args.mem_budget, "must be a positive number of GB")
-    options = RunOptions(filters=filters_of(args), shard=parse_shard(args.shard) if args.shard else None,
+    shard = parse_shard(args.shard) if args.shard else None
+    output_dir(args.wheelhouse, "--wheelhouse")
+    output_dir(args.build_dir, "--build-dir")
+    check_selection(args)
+    options = RunOptions(filters=filters_of(args), shard=shard,
                          jobs=args.jobs, mem_budget_gb=args.mem_budget, runner=args.runner,
                          wheelhouse=args.wheelhouse, build_dir=args.build_dir,
                          arm_jobs=args.arm_jobs if args.arm_jobs is not None else emulated_concurrency(),
                          compiler_cache=not args.no_compiler_cache, dry_run=args.dry_run,
                          plain=True if args.plain else None)
-    return run_farm(options).exit_code
+    result = run_farm(options)
+    if not result.cells and not result.unbuildable:
+        print(empty_selection(args))
+    return result.exit_code
