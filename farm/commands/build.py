@@ -33,7 +33,10 @@ def register(sub) -> None:
 
 def build_command(args) -> int:
     from ..build import build_cell
+    from .common import output_dir
 
+    output_dir(args.out, "--out")
+    output_dir(args.wheelhouse, "--wheelhouse")
     result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
                         publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
                         compiler_cache=not args.no_compiler_cache, record=args.record or None,
