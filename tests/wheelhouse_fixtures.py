@@ -66,6 +66,27 @@ def make_wheel(folder: Path, name: str = "drtk", version: str = "0.1.0+cu128torc
     return path
 
 
+def rezip(wheel: Path, out: Path, change=None, record: bool = True, links: tuple[str, ...] = ()) -> Path:
+    """A copy of `wheel` at `out` with its members passed through `change(dict name -> bytes)`; RECORD
+    rewritten to match (unless `record` is False: then the old one stays); `links` become symlink members."""
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    rec_name = next(n for n in files if n.endswith(".dist-info/RECORD"))
+    if change:
+        files = change(files)
+    if record:
+        files.pop(rec_name, None)
+        files[rec_name] = ("".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in files.items())
+                           + f"{rec_name},,\n").encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in files.items():
+            info = zipfile.ZipInfo(n, date_time=(2026, 1, 1, 0, 0, 0))
+            info.external_attr = ((0o120777 if n in links else 0o100644) << 16)
+            zf.writestr(info, d)
+    return out
+
+
 def compiled_so(tmp: Path) -> bytes | None:
     """A tiny real shared object, when a C compiler is available."""
     cc = shutil.which("cc") or shutil.which("gcc")

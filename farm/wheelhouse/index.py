@@ -539,4 +539,5 @@ def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[st
             path.unlink()
     fsync_dir(root)
     idx.save(force=True)
+    idx.close()
     return site, missing

@@ -121,7 +121,9 @@ def step(name: str) -> None:
 
     Used by the crash-safety test to stop publishing after every single write
     step, the same way SIGKILL would (no cleanup, no flush of Python buffers).
-    FARM_WHEELHOUSE_STEPS=path appends each step's name there (to count them).
+    FARM_WHEELHOUSE_STEPS=path appends each step's name there (to count them);
+    FARM_WHEELHOUSE_STEP_FD=n writes one byte per step to that descriptor (a pipe a test
+    reads to kill the process right after a chosen step, without polling).
     """
     global _steps
     _steps += 1
@@ -129,6 +131,9 @@ def step(name: str) -> None:
     if log:
         with open(log, "a") as fh:
             fh.write(f"{_steps} {name}\n")
+    fd = os.environ.get("FARM_WHEELHOUSE_STEP_FD")
+    if fd:
+        os.write(int(fd), b".")
     at = os.environ.get("FARM_WHEELHOUSE_FAULT_AT")
     if at and int(at) == _steps:
         os._exit(137)
@@ -211,6 +216,7 @@ class Scan:
     """What a read of journal bytes found: good records, damaged complete lines, and a torn tail."""
 
     records: list[tuple[int, str, dict]] = field(default_factory=list)   # (line number, text, record)
+    starts: dict[int, int] = field(default_factory=dict)                # line number -> byte offset in the data
     bad: list[tuple[int, str]] = field(default_factory=list)             # (line number, problem)
     torn: int = 0            # bytes after the last newline (a torn append)
     torn_line: int = 0       # its line number
@@ -226,15 +232,26 @@ def scan(data: bytes, first: int = 1) -> Scan:
     raws = data[:out.end].split(b"\n")[:-1]
     out.lines = len(raws)
     out.torn_line = first + len(raws)
+    try:   # decoding once is much faster than once per line; a line that is not UTF-8 is found below
+        decoded = data[:out.end].decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        decoded = None
     texts: list[tuple[int, str]] = []
-    for n, raw in enumerate(raws, first):
+    pos = 0
+    for i, raw in enumerate(raws):
+        n, start = first + i, pos
+        pos += len(raw) + 1
         if not raw.strip():
             continue
-        text, problem = _line_text(raw)
+        if decoded is not None and raw[-_FRAME:-10] != _MARK:
+            text, problem = decoded[i], None   # an unframed line: JSON decides below
+        else:
+            text, problem = _line_text(raw)
         if problem:
             out.bad.append((n, problem))
         else:
             texts.append((n, text))
+            out.starts[n] = start
     try:  # one parse for many lines is several times faster than one per line
         parsed = json.loads("[" + ",".join(t for _, t in texts) + "]")
     except (json.JSONDecodeError, RecursionError):
@@ -375,7 +392,8 @@ class JournalIndex:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.lines: dict[str, list[tuple[int, str]]] = {}
+        self.lines: dict[str, list[tuple[int, int, int]]] = {}   # project -> (line number, byte offset, length)
+        self._texts: dict[int, str] = {}                           # line number -> text, when in memory
         self.summaries: dict[str, Summary] = {}
         self.offset = 0
         self.count = 0
@@ -387,6 +405,7 @@ class JournalIndex:
         self.size = 0
         self.exists = False
         self._entries: dict[str, list[ManifestEntry]] = {}
+        self._fd: int | None = None
         self._parsed: dict[int, dict | None] = {}   # line number -> record, for lines parsed while loading
 
     @classmethod
@@ -419,7 +438,8 @@ class JournalIndex:
             project = rec.get("project")
             if not project:
                 raise BadInput(f"{display(path)}:{n}", "project", project, "every manifest record names its project")
-            idx.lines.setdefault(project, []).append((n, text))
+            idx.lines.setdefault(project, []).append((n, idx.offset + found.starts[n], len(text.encode("utf-8"))))
+            idx._texts[n] = text
             idx._parsed[n] = rec
             touched.add(project)
         idx.count += found.lines
@@ -448,7 +468,7 @@ class JournalIndex:
                 fh.seek(offset - 1)
                 if fh.read(1) != b"\n":
                     return None
-            lines = {str(p): [(int(k), str(t)) for k, t in rows] for p, rows in data["lines"].items()}
+            lines = {str(p): [(int(n), int(a), int(b)) for n, a, b in rows] for p, rows in data["lines"].items()}
             summaries = {str(p): Summary.from_list(s) for p, s in data["summaries"].items()}
         except Exception:  # a missing, torn, garbage or foreign cache is no error: parse the journal instead
             return None
@@ -479,12 +499,26 @@ class JournalIndex:
         """Live entries of one project, in publish order."""
         if project not in self._entries:
             path = self.root / MANIFEST
-            rows = self.lines.get(project, [])
+            rows = [(n, self._text(n, start, length)) for n, start, length in self.lines.get(project, [])]
             todo = [(n, text) for n, text in rows if n not in self._parsed]
             parsed = {n: rec for (n, _), (_, rec) in zip(todo, _parse_all(path, [t for _, t in todo]), strict=True)}
             live, _ = _live(path, ((n, parsed[n] if n in parsed else self._parsed[n]) for n, _ in rows))
             self._entries[project] = list(live.values())
         return self._entries[project]
+
+    def _text(self, n: int, start: int, length: int) -> str:
+        """A journal line's text: in memory, else read at its offset (a line the cache covers)."""
+        text = self._texts.get(n)
+        if text is None:
+            if self._fd is None:
+                self._fd = os.open(self.root / MANIFEST, os.O_RDONLY)
+            text = self._texts[n] = os.pread(self._fd, length, start).decode("utf-8")
+        return text
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def appended(self, lines: list[str]) -> None:
         """Account for records this process just appended (under the lock), after a cut torn tail."""
@@ -492,10 +526,12 @@ class JournalIndex:
         for text in lines:
             self.count += 1
             project = json.loads(text)["project"]
-            self.lines.setdefault(project, []).append((self.count, text))
+            size = len(text.encode("utf-8"))
+            self.lines.setdefault(project, []).append((self.count, self.offset, size))
+            self._texts[self.count] = text
             self._entries.pop(project, None)
             self.summaries[project] = Summary.of(self.entries(project))
-            self.offset += len(text.encode("utf-8")) + 1
+            self.offset += size + 1
             self.unsaved += 1
         self.size = self.offset
         if self.ino is None:

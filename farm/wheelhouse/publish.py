@@ -46,6 +46,7 @@ from .manifest import (
     fsync_dir,
     house_folder,
     locked,
+    scan,
     step,
 )
 from .names import WheelName, normalize, parse_wheel_name, served_pythons
@@ -252,8 +253,11 @@ def _refuse_on_a_damaged_journal(root: Path, idx: JournalIndex, result: PublishR
         return
     state = ("missing" if not idx.exists else "empty" if not idx.size
              else f"torn: its last record ({idx.torn} bytes) never completed")
-    names = {json.loads(text).get("file") for rows in idx.lines.values() for _, text in rows}
-    strays = unaccounted(root, names)
+    try:
+        data = (root / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        data = b""
+    strays = unaccounted(root, {rec["file"] for _, _, rec in scan(data).records})
     if strays:
         more = f" (and {len(strays) - 1} more)" if len(strays) > 1 else ""
         raise BadInput(display(root / MANIFEST), None, None,
@@ -276,6 +280,10 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
     records = load_records(record, paths)
     prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
     result = PublishResult()
+    if root.is_dir():   # refuse a damaged journal before staging writes anything (again under the lock)
+        first = JournalIndex.load(root)
+        first.close()
+        _refuse_on_a_damaged_journal(root, first, PublishResult())
     try:
         for p in prepared:
             _stage(root, p)
@@ -336,6 +344,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
 
             result.pages = update(root, before, after, projects=idx.projects(), fragment_of=fragment_of)
             idx.save()
+            idx.close()
             step("pages written")
     finally:
         for p in prepared:
