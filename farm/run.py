@@ -803,12 +803,35 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
         for s, handler in previous.items():
             signal.signal(s, handler)
         display.stop()
+    if sched.interrupted:
+        reconcile_with_wheelhouse(cells_all, sel.house)
     statuses = [c.status for c in cells_all]
     code = 130 if sched.interrupted else (0 if all(s in OK_STATUSES for s in statuses) else 1)
     result = RunResult(run_id, code, cells_all, sel.unbuildable, seconds=time.time() - t0)
     result.report_json, result.report_html = reporter.write(final=result)
     display.summary(result)
     return result
+
+
+def reconcile_with_wheelhouse(cells: list[CellRun], house: Path) -> list[CellRun]:
+    """After an interrupt the report must say what the manifest says: a child can publish its wheel and
+    take the signal before it reports, so a cell whose build key is now served is `built` (the next run
+    skips it), whatever its exit said. Returns the cells it corrected."""
+    from .wheelhouse import built_keys, read_journal
+
+    unsettled = [c for c in cells if c.build_key and c.status not in OK_STATUSES]
+    if not unsettled:
+        return []
+    served = built_keys(house)
+    files = {e.build_key: house / "files" / e.project / e.file for e in read_journal(house).entries if e.build_key}
+    fixed = []
+    for cell in unsettled:
+        if cell.build_key in served:
+            cell.status, cell.wheel = "built", str(files[cell.build_key])
+            cell.message = "published before the interrupt reached it"
+            cell.excerpt = None
+            fixed.append(cell)
+    return fixed
 
 
 class _Reporter:

@@ -197,42 +197,105 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+HOLD = """\
+# farm test: the first Python 3.12 build of this tree stops here until the run is interrupted. The
+# 'once' marker lives in the compiler cache folder (mounted, and kept between builds) so the restart
+# goes through; 'held' in the cell's build folder tells the test that the compile step is running.
+import os as _os, sys as _sys, time as _time
+if _sys.version_info[:2] == (3, 12):
+    _once = _os.path.join(_os.environ["CCACHE_DIR"], {marker!r})
+    if not _os.path.exists(_once):
+        open(_once, "w").close()
+        open(_os.path.join(_os.path.dirname(_os.environ["CCACHE_STATSLOG"]), "held"), "w").close()
+        _time.sleep(600)
+"""
+
+
+def assert_report_agrees_with_manifest(house: Path) -> dict[str, dict]:
+    """Every cell the run report calls built has its build key in the manifest, and no other does."""
+    served = {e["build_key"]: e for e in manifest(house)}
+    cells = cells_of(report(house))
+    for cell_id, c in cells.items():
+        published = c["build_key"] in served
+        assert published == (c["status"] in ("built", "skipped")), (cell_id, c["status"], published)
+        if c["status"] == "built":
+            assert Path(c["wheel"]).name == served[c["build_key"]]["file"]
+    return cells
+
+
 @pytest.mark.slow
-def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(farm, tmp_path):
-    root, env = farm
+def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(tmp_path):
+    """The py312 cell is interrupted while its compile step runs (it waits on an event, not a timer):
+    the report and the manifest agree, nothing of the cell is left running, the restart builds only it."""
+    from farm.ccache import group_dir
+
+    src, recipes = tmp_path / "held-src", tmp_path / "recipes"
+    shutil.copytree(DEMO, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    marker = f"farm-test-hold-{os.getpid()}-{time.time_ns()}"
+    (src / "setup.py").write_text(HOLD.format(marker=marker) + (src / "setup.py").read_text())
+    recipes.mkdir()
+    (recipes / "farm_demo.yml").write_text(
+        (PROJECT / "recipes" / "farm_demo.yml").read_text().replace("../examples/farm-demo", str(src)))
+    env = {"FARM_RECIPES": str(recipes)}
     house, build = tmp_path / "house", tmp_path / "build"
     argv = [sys.executable, "-m", "farm", "run", "--plain", "--jobs", "1", "--wheelhouse", str(house),
             "--build-dir", str(build), "--package", "farm_demo", *SELECT]
     out = tmp_path / "run1.out"
-    with open(out, "w") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=PROJECT)
+    once = group_dir("13.0", "2.13", True) / marker
     try:
-        _wait_for(lambda: f"start {PY312}" in out.read_text(), 1800, "the second cell to start")
+        with open(out, "w") as fh:
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=PROJECT)
+        try:
+            _wait_for(lambda: (build / PY312 / "held").exists() or proc.poll() is not None, 1800,
+                      "the py312 compile step to start")
+            assert proc.poll() is None, out.read_text()
+            assert [e["cell"] for e in manifest(house)] == [PY311]
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        text = out.read_text()
+        assert code == 130, text
+        cells = assert_report_agrees_with_manifest(house)
+        assert cells[PY312]["status"] == "interrupted" and cells[PY311]["status"] == "built"
+        assert report(house)["exit_code"] == 130
+        assert not _processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
+        assert not _containers_mounting(str(build / PY312)), "a container of the interrupted cell is left"
+        assert not _processes_mentioning(f"--child {PY312}")
         assert [e["cell"] for e in manifest(house)] == [PY311]
-        time.sleep(3)
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = out.read_text()
-    assert code == 130, text
-    rep = report(house)
-    assert cells_of(rep)[PY312]["status"] == "interrupted" and cells_of(rep)[PY311]["status"] == "built"
-    assert rep["exit_code"] == 130
-    assert not _processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
-    assert not _containers_mounting(str(build / PY312)), "a container of the interrupted cell is left"
-    assert not _processes_mentioning(f"--child {PY312}")
-    assert [e["cell"] for e in manifest(house)] == [PY311]
-    finished = wheel_stat(house, PY311)
+        finished = wheel_stat(house, PY311)
 
-    res = farm_run(env, "--jobs", "1", "--wheelhouse", str(house), "--build-dir", str(build),
-                   "--package", "farm_demo", *SELECT)
-    assert res.returncode == 0, res.stdout + res.stderr
-    rep = report(house)
-    assert rep["skipped"] == [PY311] and cells_of(rep)[PY312]["status"] == "built"
-    assert wheel_stat(house, PY311) == finished                  # same inode, same mtime: untouched
-    assert sorted(e["cell"] for e in manifest(house)) == [PY311, PY312]
+        res = farm_run(env, "--jobs", "1", "--wheelhouse", str(house), "--build-dir", str(build),
+                       "--package", "farm_demo", *SELECT)
+        assert res.returncode == 0, res.stdout + res.stderr
+        cells = assert_report_agrees_with_manifest(house)
+        assert report(house)["skipped"] == [PY311] and cells[PY312]["status"] == "built"
+        assert wheel_stat(house, PY311) == finished                  # same inode, same mtime: untouched
+        assert sorted(e["cell"] for e in manifest(house)) == [PY311, PY312]
+    finally:
+        once.unlink(missing_ok=True)
+
+
+def test_an_interrupted_cell_whose_wheel_was_published_is_reported_built(tmp_path):
+    """The race of a Ctrl-C: the child published, then took the signal before it reported. The run's
+    record must follow the manifest (the next run skips that cell), not the child's exit."""
+    from wheelhouse_fixtures import make_wheel
+
+    from farm.run import CellRun, reconcile_with_wheelhouse
+    from farm.wheelhouse import publish
+
+    house = tmp_path / "house"
+    wheel = make_wheel(tmp_path / "dist", "drtk", "0.1.0+cu128torch2.8")
+    publish([wheel], house, record={"cell": "drtk-cu128-torch2.8-py311", "build_key": "k-published"})
+    landed = CellRun("drtk-cu128-torch2.8-py311", "drtk", "linux", "k-published", status="interrupted",
+                     excerpt="KeyboardInterrupt")
+    lost = CellRun("drtk-cu128-torch2.8-py312", "drtk", "linux", "k-lost", status="interrupted")
+    waiting = CellRun("drtk-cu128-torch2.8-py313", "drtk", "linux", "k-later", status="not-started")
+    assert reconcile_with_wheelhouse([landed, lost, waiting], house) == [landed]
+    assert landed.status == "built" and landed.excerpt is None
+    assert Path(landed.wheel) == house / "files" / "drtk" / wheel.name and Path(landed.wheel).is_file()
+    assert (lost.status, waiting.status) == ("interrupted", "not-started")
 
 
 # ---------------------------------------------------------------- memory admission and OOM
