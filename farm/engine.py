@@ -77,6 +77,16 @@ def _docker_platform(arch: str) -> str:
     return {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[arch]
 
 
+def engine_cwd() -> str:
+    """Where engine commands run: conmon (podman < 5.2) creates an empty `oom` file in its working
+    directory when a container is OOM-killed, which must not land in the caller's checkout."""
+    from .paths import cache_dir
+
+    folder = cache_dir() / "engine-cwd"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
 class Engine:
     """One container engine reached through its Docker-compatible CLI."""
 
@@ -143,6 +153,7 @@ class Engine:
              **kw) -> subprocess.CompletedProcess:
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
+        kw.setdefault("cwd", engine_cwd())
         env = None if self.env is None else {**os.environ, **self.env}
         p = subprocess.run([self.exe, *args], timeout=timeout, env=env, **kw)
         if check and p.returncode != 0:
@@ -259,7 +270,7 @@ class Engine:
         """
         with _log_sink(log_path) as sink:
             proc = subprocess.Popen([self.exe, "start", "--attach", container], stdout=sink,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=engine_cwd(),
                                     env=None if self.env is None else {**os.environ, **self.env})
             try:
                 proc.wait(timeout=timeout)

@@ -11,3 +11,44 @@ def replay_url():
     """The upstream replay (../shared/upstream-replay) served on loopback: the index root `.../whl/`."""
     with serve() as base:
         yield base + "whl/"
+
+
+# ---------------------------------------------------------------- the suite leaves nothing in the checkout
+
+_CHECKOUT = __import__("pathlib").Path(__file__).resolve().parent.parent
+# what running the suite may create: the venv, caches, bytecode, the benchmarks' results, the editable install
+_LEFT_OK = (".venv/", ".pytest_cache/", ".ruff_cache/", "bench/results/", "cuda_wheel_farm.egg-info/")
+
+
+def _stray_paths() -> set[str] | None:
+    """Untracked and ignored paths of the checkout, as `git status` names them (None: not a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=_CHECKOUT,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    paths = {line[3:] for line in out.stdout.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not p.startswith(_LEFT_OK) and "__pycache__/" not in p}
+
+
+def pytest_sessionstart(session):
+    session.config._farm_stray_before = _stray_paths()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when a test left a file in the checkout (e.g. conmon's `oom` in the working folder)."""
+    before = getattr(session.config, "_farm_stray_before", None)
+    after = _stray_paths() if before is not None else None
+    if after is None or hasattr(session.config, "workerinput"):
+        return
+    left = sorted(after - before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the tests left {len(left)} file(s) in the checkout: {', '.join(left[:20])}"
+        if reporter:
+            reporter.write_line(f"\nERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
