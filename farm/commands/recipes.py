@@ -15,6 +15,8 @@ def register(sub) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     check = verbs.add_parser("check", help="validate every recipe (exit 2 on an invalid one) and print fallback hazards")
+    check.add_argument("--dir", metavar="DIR", default=None,
+                       help="the recipes folder (default: FARM_RECIPES, else recipes/)")
     check.set_defaults(func=check_command)
     listing = verbs.add_parser("list", help="one line per recipe: torch axis, wheel ABI, platforms, source")
     listing.add_argument("--format", choices=("table", "json"), default="table")
@@ -26,12 +28,12 @@ def register(sub) -> None:
 
 def check_command(args) -> int:
     defaults = load_defaults()
-    report = check_recipes(defaults=defaults)
-    for error in report.errors:
+    report = check_recipes(args.dir, defaults=defaults)
+    for error in report.errors:           # every problem of every file, one line each
         print(f"farm: {error}", file=sys.stderr)
     folder = paths.display(report.folder)
     lines_from = "the derived grid" if report.used_grid else "every supported CUDA line (no derived grid yet)"
-    print(f"{len(report.recipes)} recipes valid, {len(report.errors)} invalid in {folder}/ "
+    print(f"{len(report.recipes)} recipes valid, {len(report.invalid)} invalid in {folder}/ "
           f"(lines built: {lines_from})")
     by_recipe: dict[str, list] = {}
     for hazard in report.hazards:
