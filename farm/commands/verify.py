@@ -18,7 +18,7 @@ from ..errors import BadInput, FarmError, shorten
 from ..verify import Expectation, GateCannotRun, cell_expectation, verify_wheel
 from ..versions import cuda_tag, python_tag
 from ..yamlio import write_atomic
-from .common import add_platform, check_version
+from .common import add_platform, check_version, output_file
 
 
 def register(sub) -> None:
@@ -66,6 +66,7 @@ def expectation_from_args(args) -> Expectation:
 
 
 def verify_command(args) -> int:
+    output_file(args.report, "--report")   # a folder, or a folder that does not exist: refused before any work
     expectation = expectation_from_args(args)
     reports, cannot = [], []
     for wheel in args.wheels:
