@@ -85,6 +85,10 @@ MISUSED_PATHS = [
     (("matrix", "pages", "--out", "{file}"), "--out: '{file}': {file} is a file"),
     (("build", DEMO311, "--out", "{file}"), "--out: '{file}': {file} is a file"),
     (("build", DEMO311, "--wheelhouse", "{file}/house"), "--wheelhouse: '{file}/house': {file} is a file"),
+    (("verify", "{tmp}/x.whl", "--arch-list", "8.0", "--platform", "linux", "--report", "{tmp}"),
+     "--report: '{tmp}': is a directory; name a file in it"),
+    (("verify", "{tmp}/x.whl", "--arch-list", "8.0", "--platform", "linux", "--report", "{tmp}/no/r.json"),
+     "--report: '{tmp}/no/r.json': its folder {tmp}/no does not exist"),
 ]
 
 
