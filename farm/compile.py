@@ -327,7 +327,8 @@ def nvcc_targets(argv: Sequence[str]) -> set[str]:
     return found
 
 
-def _by_arch(names) -> list[str]:
+def by_arch(names) -> list[str]:
+    """Target names (sm_90a, compute_120, ...) in arch order, not string order."""
     return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
 
 
@@ -339,11 +340,11 @@ def flags_report(calls: list[list[str]], arch_list: ArchList) -> dict:
     seen = set().union(*per_call) if per_call else set()
     missing, extra = want - seen, seen - want
     return {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
-            "sass": _by_arch(n for n in seen if n.startswith("sm_")),
-            "ptx": _by_arch(n for n in seen if n.startswith("compute_")),
-            "other": _by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
+            "sass": by_arch(n for n in seen if n.startswith("sm_")),
+            "ptx": by_arch(n for n in seen if n.startswith("compute_")),
+            "other": by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
             "equal": bool(per_call) and not missing and not extra,
-            "missing": _by_arch(missing), "extra": _by_arch(extra),
+            "missing": by_arch(missing), "extra": by_arch(extra),
             "calls_differing": sum(1 for t in per_call if t != want)}
 
 
