@@ -13,7 +13,6 @@ import datetime
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -346,14 +345,19 @@ class _Reader:
     def fail(self, key: str | None, value, problem: str):
         raise BadInput(self.where, key, value, problem)
 
-    @contextmanager
-    def part(self):
-        """Check one independent part of the recipe: a problem in it is recorded and the next part
-        is still checked, so one run reports every problem of the file."""
-        try:
-            yield
-        except BadInput as exc:
+    def part(self) -> _Reader:
+        """`with r.part():` checks one independent part of the recipe: a problem in it is recorded
+        and the next part is still checked, so one run reports every problem of the file."""
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, BadInput):
             self.problems.append(exc)
+            return True
+        return False
 
     def known_keys(self, data: Mapping, allowed: Iterable[str], prefix: str = "") -> None:
         allowed = tuple(allowed)
@@ -417,17 +421,19 @@ class _Reader:
 
 
 def _arch_list(r: _Reader, text, key: str) -> ArchList:
-    """An arch list as written in a recipe: ArchList.parse merges a token written twice, the recipe
-    may not write one twice (`8.0 8.0+PTX` is a typo or a doubt, never an intent)."""
-    _check_arch_words(r, text, key)
-    return ArchList.parse(text, r.where, key)
+    arch_list = ArchList.parse(text, r.where, key)
+    _no_repeats(r, text, arch_list, key)
+    return arch_list
 
 
-def _check_arch_words(r: _Reader, text, key: str) -> None:
-    if not isinstance(text, str):
-        return                      # ArchList.parse says what it expected
+def _no_repeats(r: _Reader, text: str, arch_list: ArchList, key: str) -> None:
+    """ArchList.parse merges a token written twice; a recipe may not write one twice (`8.0 8.0+PTX`
+    is a typo or a doubt, never an intent)."""
+    words = [w for w in _ARCH_WORDS.split(text.strip()) if w]
+    if len(words) == len(arch_list.tokens):
+        return
     seen: dict[tuple, str] = {}
-    for word in filter(None, _ARCH_WORDS.split(text.strip())):
+    for word in words:
         token = parse_token(word, r.where, key)
         same = (token.major, token.minor, token.variant)
         if same in seen:
@@ -847,13 +853,13 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
             kw["wheel_abi"] = abi
 
     with r.part():
-        for key in ARCH_KEYS[:4]:
-            if key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64") and isinstance(data.get(key), Mapping):
-                for cuda, text in data[key].items():
-                    _check_arch_words(r, text, f"{key}[{cuda}]")
-            elif data.get(key) is not None:
-                _check_arch_words(r, data[key], key)
         arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
+        for key in ("arch_list", "arch_list_aarch64"):
+            if getattr(arch, key) is not None:
+                _no_repeats(r, data[key], getattr(arch, key), key)
+        for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):
+            for cuda, arch_list in getattr(arch, key).items():
+                _no_repeats(r, data[key][cuda], arch_list, f"{key}[{cuda}]")
         kw["arch"] = replace(arch, arch_list_by_cuda=frozen(arch.arch_list_by_cuda),
                              arch_list_by_cuda_aarch64=frozen(arch.arch_list_by_cuda_aarch64))
         for key in ("arch_list_by_cuda", "arch_list_by_cuda_aarch64"):

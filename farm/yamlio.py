@@ -31,6 +31,7 @@ MAX_ALIAS_GROWTH = 1_000_000
 MAX_DIGITS = 100           # digits of a whole number: far beyond any range the farm accepts (4301 raise in int())
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _INT = "tag:yaml.org,2002:int"
+_CHECKED_TAGS = (_TIMESTAMP, _INT)
 
 
 def load_yaml(path: Path) -> object:
@@ -60,7 +61,8 @@ def parse_yaml(raw: bytes, where: str) -> object:
         node = loader.get_single_node()
         if node is None:
             return None
-        _inspect(node, where, limit=2 * len(text) + MAX_ALIAS_GROWTH)
+        # Without an anchor ('&') there is no alias: nothing to weigh.
+        _inspect(node, where, limit=2 * len(text) + MAX_ALIAS_GROWTH, aliases="&" in text)
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -75,57 +77,59 @@ def _at(where: str, node) -> str:
     return f"{where}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
-def _child_path(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _inspect(root, where: str, limit: int) -> None:
+def _inspect(root, where: str, limit: int, aliases: bool) -> None:
     """Walk each distinct node once (aliases share nodes), iteratively, naming the key path of the
-    first occurrence. `weight` is a node's size once every alias under it is expanded: 1 per node
-    plus a scalar's length, summed over shared children without visiting them again."""
+    first occurrence. With `aliases` (the text has an anchor), also `weight`: a node's size once every
+    alias under it is expanded, 1 per node plus a scalar's length, summed over shared children
+    without visiting them again."""
     weight: dict[int, int] = {}
     open_nodes: set[int] = set()      # the current node's ancestors: meeting one again is a cycle
     stack: list[tuple[object, str, bool]] = [(root, "", False)]
     while stack:
         node, path, done = stack.pop()
-        nid = id(node)
         if done:
-            open_nodes.discard(nid)
-            children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
-            total = 1 + sum(weight[id(c)] for c in children)
+            open_nodes.discard(id(node))
+            children = node.value if node.id == "sequence" else [n for pair in node.value for n in pair]
+            total = 1 + sum(weight.get(id(c)) or 1 + len(c.value) for c in children)
             if total > limit:
                 raise BadInput(_at(where, node), path or None, None,
                                f"aliases expand this to more than {limit:,} nodes and characters "
                                "(an alias bomb?): refused without expanding it")
-            weight[nid] = total
+            weight[id(node)] = total
             continue
-        if nid in weight:
+        if aliases:
+            if id(node) in weight:
+                continue
+            if id(node) in open_nodes:
+                raise BadInput(_at(where, node), path or None, None, "an alias refers to a node that contains it")
+        if node.id == "scalar":
+            if node.tag in _CHECKED_TAGS:
+                _check_scalar(node, where, path)
+            if aliases:
+                weight[id(node)] = 1 + len(node.value)
             continue
-        if nid in open_nodes:
-            raise BadInput(_at(where, node), path or None, None, "an alias refers to a node that contains it")
-        if isinstance(node, yaml.ScalarNode):
-            _check_scalar(node, where, path)
-            weight[nid] = 1 + len(node.value)
-            continue
-        open_nodes.add(nid)
-        stack.append((node, path, True))
-        if isinstance(node, yaml.SequenceNode):
+        if aliases:
+            open_nodes.add(id(node))
+            stack.append((node, path, True))
+        if node.id == "sequence":
             stack.extend((item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value))))
             continue
         seen: set[str] = set()
-        pairs = []
+        children = []
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                kind = "a list" if isinstance(key_node, yaml.SequenceNode) else "a mapping"
+            if key_node.id != "scalar":
                 raise BadInput(_at(where, key_node), path or None, None,
-                               f"a key written as {kind}: keys must be plain strings")
+                               f"a key written as {'a list' if key_node.id == 'sequence' else 'a mapping'}: "
+                               "keys must be plain strings")
             key = key_node.value
+            child = f"{path}.{key}" if path else key
             if key in seen and key != "<<":
-                raise BadInput(_at(where, key_node), _child_path(path, key), None, "written twice in one mapping")
+                raise BadInput(_at(where, key_node), child, None, "written twice in one mapping")
             seen.add(key)
-            pairs.append((key_node, key))
-            pairs.append((value_node, key))
-        stack.extend((child, _child_path(path, key), False) for child, key in reversed(pairs))
+            if key_node.tag in _CHECKED_TAGS:
+                _check_scalar(key_node, where, child)
+            children.append((value_node, child, False))
+        stack.extend(reversed(children))
 
 
 def _check_scalar(node, where: str, path: str) -> None:
