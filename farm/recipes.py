@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -461,14 +462,11 @@ def _read_source(r: _Reader, value, key: str) -> Source:
     body = data[kind]
     if kind == "path":
         text = r.string(body, f"{key}.path")
-        target = Path(text).expanduser()
         # Relative paths belong to the recipe file, not to wherever the farm happens to run.
-        if not target.is_absolute():
-            target = (r.path.parent / target)
-        target = target.resolve()
-        if r.check_paths and not target.is_dir():
-            r.fail(f"{key}.path", text, f"no such folder ({paths.display(target)})"
-                   if not target.exists() else f"not a folder ({paths.display(target)})")
+        target = _local_path(r, text, f"{key}.path", r.path.parent)
+        if r.check_paths and not os.path.isdir(target):
+            r.fail(f"{key}.path", text, f"no such folder ({shorten(paths.display(target), 120)})"
+                   if not os.path.exists(target) else f"not a folder ({shorten(paths.display(target), 120)})")
         return Source("path", path=target, path_text=text)
     body = r.mapping(body, f"{key}.{kind}")
     if kind == "git":
@@ -504,6 +502,17 @@ def _read_source(r: _Reader, value, key: str) -> Source:
     if not req or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
         r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3'")
     return Source("sdist", pypi=pypi, sha256=sha)
+
+
+def _local_path(r: _Reader, text: str, key: str, base: Path) -> Path:
+    """`text` as a path on this machine: `~` expanded, relative to `base`, resolved; a path the
+    system cannot take (too long, a NUL, an unknown user's ~) is one line too."""
+    try:
+        target = Path(text).expanduser()
+        return (target if target.is_absolute() else base / target).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        r.fail(key, text, f"not a usable path ({shorten(reason, 80)})")
 
 
 def _read_url(r: _Reader, value, key: str) -> str:
@@ -655,11 +664,11 @@ def _read_patches(r: _Reader, value, name: str, recipes_folder: Path) -> tuple[P
             r.fail(f"{key}.file", None, "missing required key")
         file = r.string(item["file"], f"{key}.file")
         folder = (recipes_folder / "patches" / name).resolve()
-        target = (folder / file).resolve()
+        target = _local_path(r, file, f"{key}.file", folder)
         if folder not in target.parents:
             r.fail(f"{key}.file", file, f"must be a file under recipes/patches/{name}/")
-        if not target.is_file():
-            r.fail(f"{key}.file", file, f"no such file recipes/patches/{name}/{file}")
+        if not os.path.isfile(target):
+            r.fail(f"{key}.file", file, f"no such file recipes/patches/{name}/{shorten(file, 80)}")
         if not file.endswith((".patch", ".diff", ".py")):
             r.fail(f"{key}.file", file, "expected a .patch/.diff (git apply) or a .py patch_script")
         when = {}
