@@ -7,7 +7,7 @@ one line naming where, never a traceback or an exploding value:
 - a key written twice in one mapping is refused (YAML would keep the last one silently);
 - a mapping key must be a plain value, not a list or a mapping;
 - a date must exist (`2024-13-45` makes PyYAML raise ValueError), a whole number must be short;
-- aliases may not expand the document far beyond its own size (a "billion laughs" file is
+- nesting is bounded, and aliases may not expand the document far beyond its own size (a "billion laughs" file is
   refused by arithmetic over shared nodes, never expanded), and may not contain themselves.
 """
 
@@ -28,6 +28,7 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # What aliases may add on top of the text itself, in nodes plus scalar characters. A document
 # without aliases weighs at most ~2x its length; no farm file uses anchors beyond a few rows.
 MAX_ALIAS_GROWTH = 1_000_000
+MAX_DEPTH = 64             # nesting levels: farm files use < 10; ~1000 makes repr() of a value raise RecursionError
 MAX_DIGITS = 100           # digits of a whole number: far beyond any range the farm accepts (4301 raise in int())
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _INT = "tag:yaml.org,2002:int"
@@ -84,10 +85,10 @@ def _inspect(root, where: str, limit: int, aliases: bool) -> None:
     without visiting them again."""
     weight: dict[int, int] = {}
     open_nodes: set[int] = set()      # the current node's ancestors: meeting one again is a cycle
-    stack: list[tuple[object, str, bool]] = [(root, "", False)]
+    stack: list[tuple[object, str, int]] = [(root, "", 0)]     # depth -1: the node's children are done
     while stack:
-        node, path, done = stack.pop()
-        if done:
+        node, path, depth = stack.pop()
+        if depth < 0:
             open_nodes.discard(id(node))
             children = node.value if node.id == "sequence" else [n for pair in node.value for n in pair]
             total = 1 + sum(weight.get(id(c)) or 1 + len(c.value) for c in children)
@@ -108,11 +109,14 @@ def _inspect(root, where: str, limit: int, aliases: bool) -> None:
             if aliases:
                 weight[id(node)] = 1 + len(node.value)
             continue
+        if depth == MAX_DEPTH:
+            raise BadInput(_at(where, node), path or None, None, f"nested more than {MAX_DEPTH} levels deep")
         if aliases:
             open_nodes.add(id(node))
-            stack.append((node, path, True))
+            stack.append((node, path, -1))
+        depth += 1
         if node.id == "sequence":
-            stack.extend((item, f"{path}[{i}]", False) for i, item in reversed(list(enumerate(node.value))))
+            stack.extend((item, f"{path}[{i}]", depth) for i, item in reversed(list(enumerate(node.value))))
             continue
         seen: set[str] = set()
         children = []
@@ -128,7 +132,7 @@ def _inspect(root, where: str, limit: int, aliases: bool) -> None:
             seen.add(key)
             if key_node.tag in _CHECKED_TAGS:
                 _check_scalar(key_node, where, child)
-            children.append((value_node, child, False))
+            children.append((value_node, child, depth))
         stack.extend(reversed(children))
 
 

@@ -62,6 +62,10 @@ CASES = [
      "pkg.yml:11:7: extra.a5: aliases expand this to more than 1,001,"),
     ("an alias that contains itself", {"pkg.yml": recipe("build_deps: &loop [numpy, *loop]\n")},
      "pkg.yml:4:13: build_deps[1]: an alias refers to a node that contains it"),
+    ("lists nested 990 deep", {"pkg.yml": recipe("build_deps: " + "[" * 990 + "]" * 990 + "\n")},
+     "pkg.yml:4:76: build_deps[0][0][0]"),
+    ("mappings nested 300 deep", {"pkg.yml": recipe("env:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(300)))},
+     "pkg.yml:68:129: env.k0.k1.k2"),
     ("a key written twice", {"pkg.yml": recipe("max_jobs: 2\nmax_jobs: 4\n")},
      "pkg.yml:5:1: max_jobs: written twice in one mapping"),
     ("a number of 5000 digits", {"pkg.yml": recipe("max_jobs: " + "9" * 5000 + "\n")},
@@ -171,6 +175,9 @@ def test_hostile_recipe_folder_gets_one_line_per_problem(tmp_path, case, files, 
     before = tree_state(tmp_path)
     res = run_farm("recipes", "check", "--dir", str(folder), timeout=60)
     line = assert_one_line_refusal(res, 2, f"farm: {folder}/{needle}")
+    assert "a farm bug" not in line
+    if "nested" in case:                      # the key path is cut before the problem: look for it
+        assert line.endswith(": nested more than 64 levels deep"), line
     if any(isinstance(body, bytes) and len(body) > 10_000 for body in files.values()):
         assert "characters)" in line          # a long value is shown cut, with its length
     assert "1 invalid" in res.stdout
