@@ -392,7 +392,7 @@ class JournalIndex:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.lines: dict[str, list[tuple[int, int, int]]] = {}   # project -> (line number, byte offset, length)
+        self.lines: dict[str, list[int]] = {}   # project -> [line number, byte offset, length, ...] (flat)
         self._texts: dict[int, str] = {}                           # line number -> text, when in memory
         self.summaries: dict[str, Summary] = {}
         self.offset = 0
@@ -409,7 +409,8 @@ class JournalIndex:
         self._parsed: dict[int, dict | None] = {}   # line number -> record, for lines parsed while loading
 
     @classmethod
-    def load(cls, root: Path) -> JournalIndex:
+    def load(cls, root: Path, summaries: bool = True) -> JournalIndex:
+        """The index of the journal as it is now. `summaries=False`: only check it (state, damage)."""
         idx = cls(root)
         path = idx.root / MANIFEST
         try:
@@ -438,7 +439,7 @@ class JournalIndex:
             project = rec.get("project")
             if not project:
                 raise BadInput(f"{display(path)}:{n}", "project", project, "every manifest record names its project")
-            idx.lines.setdefault(project, []).append((n, idx.offset + found.starts[n], len(text.encode("utf-8"))))
+            idx.lines.setdefault(project, []).extend((n, idx.offset + found.starts[n], len(text.encode("utf-8"))))
             idx._texts[n] = text
             idx._parsed[n] = rec
             touched.add(project)
@@ -446,7 +447,7 @@ class JournalIndex:
         idx.offset += found.end
         idx.torn, idx.size = found.torn, idx.offset + found.torn
         idx.unsaved += found.lines
-        for project in touched:
+        for project in touched if summaries else ():
             idx._entries.pop(project, None)
             idx.summaries[project] = Summary.of(idx.entries(project))
         idx._parsed.clear()
@@ -468,7 +469,10 @@ class JournalIndex:
                 fh.seek(offset - 1)
                 if fh.read(1) != b"\n":
                     return None
-            lines = {str(p): [(int(n), int(a), int(b)) for n, a, b in rows] for p, rows in data["lines"].items()}
+            lines = data["lines"]
+            if not all(isinstance(rows, list) and len(rows) % 3 == 0 and set(map(type, rows)) <= {int}
+                       for rows in lines.values()):
+                return None
             summaries = {str(p): Summary.from_list(s) for p, s in data["summaries"].items()}
         except Exception:  # a missing, torn, garbage or foreign cache is no error: parse the journal instead
             return None
@@ -499,7 +503,9 @@ class JournalIndex:
         """Live entries of one project, in publish order."""
         if project not in self._entries:
             path = self.root / MANIFEST
-            rows = [(n, self._text(n, start, length)) for n, start, length in self.lines.get(project, [])]
+            flat = self.lines.get(project, [])
+            rows = [(n, self._text(n, start, length)) for n, start, length in
+                    zip(flat[::3], flat[1::3], flat[2::3], strict=True)]
             todo = [(n, text) for n, text in rows if n not in self._parsed]
             parsed = {n: rec for (n, _), (_, rec) in zip(todo, _parse_all(path, [t for _, t in todo]), strict=True)}
             live, _ = _live(path, ((n, parsed[n] if n in parsed else self._parsed[n]) for n, _ in rows))
@@ -527,7 +533,7 @@ class JournalIndex:
             self.count += 1
             project = json.loads(text)["project"]
             size = len(text.encode("utf-8"))
-            self.lines.setdefault(project, []).append((self.count, self.offset, size))
+            self.lines.setdefault(project, []).extend((self.count, self.offset, size))
             self._texts[self.count] = text
             self._entries.pop(project, None)
             self.summaries[project] = Summary.of(self.entries(project))

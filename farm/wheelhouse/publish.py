@@ -281,7 +281,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
     prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
     result = PublishResult()
     if root.is_dir():   # refuse a damaged journal before staging writes anything (again under the lock)
-        first = JournalIndex.load(root)
+        first = JournalIndex.load(root, summaries=False)
         first.close()
         _refuse_on_a_damaged_journal(root, first, PublishResult())
     try:
