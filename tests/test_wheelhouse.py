@@ -339,7 +339,8 @@ def test_a_torn_journal_tail_is_ignored_and_cut_by_the_next_publish(house, wheel
     with open(house / "manifest.jsonl", "a") as fh:
         fh.write('{"op":"add","file":"half-writ')
     assert len(read_journal(house).entries) == 1
-    publish([make_wheel(wheels, version="0.1.0+cu128torch2.9")], house)
+    result = publish([make_wheel(wheels, version="0.1.0+cu128torch2.9")], house)
+    assert any("cut the torn last record" in note for note in result.notes)  # said, not silent
     lines = (house / "manifest.jsonl").read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line)["op"] == "add" for line in lines)
 

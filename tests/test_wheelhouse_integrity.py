@@ -222,6 +222,7 @@ HOUSE_CASES = [
     (["index", "verify"], "file", "not a folder"),
     (["index", "rebuild"], "file", "not a folder"),
     (["index", "recover"], "file", "not a folder"),
+    (["prune", "--before", "2026-01-01"], "file", "not a folder"),
     (["publish", "WHEEL"], "file", "not a folder"),
     (["publish", "WHEEL"], "under a file", "is not a folder"),
     (["publish", "WHEEL"], "binary manifest", "manifest.jsonl:1"),
