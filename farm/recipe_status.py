@@ -78,7 +78,8 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     compile_state = state.get("compile") or {}
     record = {
         "recipe": recipe.name, "cell": cell.id, "tier": tier, "date": _now(),
-        "source": {k: source.get(k) for k in ("kind", "commit", "sha256", "description") if source.get(k)},
+        # no description: a path source's names this machine's folder
+        "source": {k: source.get(k) for k in ("kind", "commit", "sha256", "pin") if source.get(k)},
         "patches": [{"file": f, "sha256": h} for f, h in source.get("patches") or []],
         "arch_list": cell.arch.arch_list.torch(), "wall_s": round(time.time() - started, 1),
         "steps": state.get("timings") or {}, "peak_mb": compile_state.get("peak_process_mb"),

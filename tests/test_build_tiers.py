@@ -155,6 +155,25 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     assert "| flags |" in row and "flags differ: missing sm_75" in row and "; extra sm_89 |" in row
 
 
+@pytest.mark.slow
+def test_a_failed_build_records_its_first_compiler_error(recipes, tmp_path):
+    src = tmp_path / "broken"
+    (src / "hardcoded").mkdir(parents=True)
+    (src / "hardcoded" / "__init__.py").write_text("")
+    (src / "setup.py").write_text(HARDCODED_SETUP.replace('"-gencode=arch=compute_89,code=sm_89"', ""))
+    (src / "k.cu").write_text(KERNEL.replace("x[threadIdx.x] *= 2.0f;", "undeclared_thing(x);"))
+    (recipes / "hardcoded.yml").write_text(
+        f"name: hardcoded\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
+        "min_torch: '2.13'\n")
+    res = build(recipes, tmp_path / "out", "hardcoded-cu130-torch2.13-py311", "--smoke", "--record")
+    assert res.returncode == 1 and not list(tmp_path.rglob("*.whl"))
+    record = json.loads((recipes / "records" / "hardcoded.json").read_text())
+    assert (record["tier"], record["tier_asked"], record["cell"]) == ("failed", "smoke", "hardcoded-cu130-torch2.13-py311")
+    assert "error" in record["reason"] and "undeclared_thing" in record["reason"], record["reason"]
+    assert "k.cu(3): error" in record["reason"] and str(tmp_path) not in json.dumps(record)
+    assert record["steps"]["source"] >= 0 and "compile" not in record["steps"]
+
+
 # ---------------------------------------------------------------- the status table
 
 def _record(folder: Path, name: str, **fields) -> None:
