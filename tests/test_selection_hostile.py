@@ -68,6 +68,8 @@ UNKNOWN_VALUES = [
     (("find", "--platform", "linx", "--python", "3.12", "--sm", "8.9"), "(did you mean 'linux'?)"),
     ((*FIND, "--sm", "8.9", "--package", "farm_dmeo"), "(did you mean 'farm_demo'?)"),
     ((*FIND, "--sm", "8.9", "--torch", "abc"), "--torch: 'abc': not a version"),
+    # farm images build: the CUDA line of a production image
+    (("images", "build", "--dry-run", "--cuda", "13.O"), "--cuda: '13.O': unknown CUDA line (did you mean '13.0'?)"),
 ]
 
 # path options: (arguments, needle); {file} is an existing file, {tmp} an existing folder

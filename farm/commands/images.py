@@ -40,6 +40,11 @@ def base_command(args) -> int:
 
 
 def build_command(args) -> int:
+    if args.cuda:   # a typo would name an image tag and a dnf package that do not exist
+        from ..policy import load_defaults
+        from .common import check_cuda
+
+        check_cuda(args.cuda, load_defaults())
     arch = args.arch or images.host_arch()
     if args.dry_run:
         print(images.render_production(arch, cuda=args.cuda or "13.0"))
