@@ -196,19 +196,14 @@ def frame(text: str) -> str:
     return f'{text[:-1]},"~crc32":"{zlib.crc32(text.encode("utf-8")):08x}"}}'
 
 
-def _line_text(raw: bytes) -> tuple[str | None, str | None]:
-    """(text, None) for a line that may be a record (framed and intact, or unframed), else (None, problem)."""
-    if raw[-_FRAME:-10] == _MARK and raw.endswith(b'"}'):
-        try:
-            ok = zlib.crc32(raw[:-_FRAME] + b"}") == int(raw[-10:-2], 16)
-        except ValueError:
-            ok = False
-        if not ok:
-            return None, "checksum mismatch (a damaged record)"
+def _intact(raw: bytes) -> bool:
+    """A framed line's checksum matches (an unframed line has none to check)."""
+    if raw[-_FRAME:-10] != _MARK or not raw.endswith(b'"}'):
+        return True
     try:
-        return raw.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return None, "not UTF-8 (binary)"
+        return zlib.crc32(b"}", zlib.crc32(memoryview(raw)[:-_FRAME])) == int(raw[-10:-2], 16)
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -241,17 +236,21 @@ def scan(data: bytes, first: int = 1) -> Scan:
     for i, raw in enumerate(raws):
         n, start = first + i, pos
         pos += len(raw) + 1
-        if not raw.strip():
+        if not raw or raw.isspace():
             continue
-        if decoded is not None and raw[-_FRAME:-10] != _MARK:
-            text, problem = decoded[i], None   # an unframed line: JSON decides below
+        if not _intact(raw):
+            out.bad.append((n, "checksum mismatch (a damaged record)"))
+            continue
+        if decoded is not None:
+            text = decoded[i]
         else:
-            text, problem = _line_text(raw)
-        if problem:
-            out.bad.append((n, problem))
-        else:
-            texts.append((n, text))
-            out.starts[n] = start
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                out.bad.append((n, "not UTF-8 (binary)"))
+                continue
+        texts.append((n, text))   # unframed lines: JSON decides below
+        out.starts[n] = start
     try:  # one parse for many lines is several times faster than one per line
         parsed = json.loads("[" + ",".join(t for _, t in texts) + "]")
     except (json.JSONDecodeError, RecursionError):
