@@ -4,6 +4,7 @@ Public API:
   publish(wheels, wheelhouse, record=None) -> PublishResult
   rebuild(wheelhouse, allow_shrink=False) -> RebuildResult
   verify(wheelhouse) -> list[str]                  (problems; empty when sound)
+  recover(wheelhouse) -> RecoverResult             (the journal rebuilt from files/, then every page)
   prune(wheelhouse, before) -> PruneResult
   built_keys(wheelhouse) -> set[str]               (for `farm plan --missing`)
   read_journal(wheelhouse).entries -> list[ManifestEntry]
@@ -14,9 +15,10 @@ from .maintain import PruneResult, RebuildResult, built_keys, check_links, prune
 from .manifest import ManifestEntry, PublishConflict, read_journal
 from .names import WheelName, normalize, parse_wheel_name
 from .publish import PublishResult, publish
+from .recover import RecoverResult, recover
 
 __all__ = [
-    "Config", "House", "ManifestEntry", "PruneResult", "PublishConflict", "PublishResult", "RebuildResult",
+    "Config", "House", "ManifestEntry", "PruneResult", "PublishConflict", "PublishResult", "RebuildResult", "RecoverResult",
     "ShrinkRefused", "WheelName", "built_keys", "channel_root", "check_links", "normalize", "parse_wheel_name",
-    "prune", "publish", "read_journal", "rebuild", "verify",
+    "prune", "publish", "read_journal", "rebuild", "recover", "verify",
 ]

@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import BadInput
-from ..label import BUILD_INFO_NAME
 from .index import FILES, rebuild_pages
 from .maintain import file_sha256, house_files
 from .manifest import _REQUIRED, MANIFEST, ManifestEntry, house_folder, locked, scan, write_journal
@@ -50,6 +49,7 @@ class RecoverResult:
 
 def _build_record(zf: zipfile.ZipFile) -> dict:
     """The wheel's own .dist-info/farm_build.json, or {} when it has none or it is not a JSON object."""
+    from ..label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
     names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
     if len(names) != 1:
         return {}
@@ -62,6 +62,7 @@ def _build_record(zf: zipfile.ZipFile) -> dict:
 
 def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
+    from ..label import BUILD_INFO_NAME
     from ..verify import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
