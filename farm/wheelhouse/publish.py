@@ -281,9 +281,11 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
     prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
     result = PublishResult()
     if root.is_dir():   # refuse a damaged journal before staging writes anything (again under the lock)
-        first = JournalIndex.load(root, summaries=False)
-        first.close()
-        _refuse_on_a_damaged_journal(root, first, PublishResult())
+        try:
+            _refuse_on_a_damaged_journal(root, JournalIndex.load(root, summaries=False), PublishResult())
+        except BadInput:
+            with locked(root):   # another writer may have been mid-append: judge again while it cannot be
+                _refuse_on_a_damaged_journal(root, JournalIndex.load(root, summaries=False), PublishResult())
     try:
         for p in prepared:
             _stage(root, p)
