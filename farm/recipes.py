@@ -22,7 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import paths
+from . import gitsparse, paths
 from .arches import ArchOverrides, Hazard, fallback_hazards
 from .archlist import ArchList, parse_token
 from .errors import BadInput, FarmError, shorten
@@ -45,7 +45,7 @@ REQUIRED_KEYS = ("name", "source", "links_torch")
 ARCH_KEYS = ("arch_list", "arch_list_by_cuda", "arch_list_aarch64", "arch_list_by_cuda_aarch64", "arch_fallback")
 WHEEL_ABIS = ("cpython", "abi3", "py3-none", "pure")
 SOURCE_KINDS = ("git", "sdist", "path")
-GIT_KEYS = ("url", "ref", "commit")
+GIT_KEYS = ("url", "ref", "commit", gitsparse.KEY)
 SDIST_KEYS = ("url", "pypi", "sha256")
 COMBINATION_KEYS = ("cuda", "torch", "pythons", "arch_list", "source")
 EXTRA_SOURCE_KEYS = ("url", "sha256", "dest")
@@ -104,6 +104,7 @@ class Source:
     sha256: str | None = None      # sdist
     path: Path | None = None       # path: absolute, resolved against the recipe's folder
     path_text: str | None = None   # path: as written (the build key uses this, not the machine's path)
+    exclude: tuple[str, ...] = ()  # git: paths the build never reads, left out of the checkout
 
     @property
     def pinned_commit(self) -> str | None:
@@ -114,7 +115,8 @@ class Source:
 
     def plain(self) -> dict:
         if self.kind == "git":
-            return {"git": _drop_empty({"url": self.url, "ref": self.ref, "commit": self.commit})}
+            return {"git": _drop_empty({"url": self.url, "ref": self.ref, "commit": self.commit,
+                                        gitsparse.KEY: list(self.exclude)})}
         if self.kind == "sdist":
             return {"sdist": _drop_empty({"url": self.url, "pypi": self.pypi, "sha256": self.sha256})}
         return {"path": self.path_text}
@@ -483,7 +485,17 @@ def _read_source(r: _Reader, value, key: str) -> Source:
                 r.fail(f"{key}.git.commit", commit, "expected the full 40-hex commit SHA")
             if _SHA.match(ref) and commit != ref:
                 r.fail(f"{key}.git.commit", commit, f"differs from ref {ref} (a SHA ref needs no commit)")
-        return Source("git", url=url, ref=ref, commit=commit)
+        exclude = ()
+        if gitsparse.KEY in body:
+            ekey = f"{key}.git.{gitsparse.KEY}"
+            if not isinstance(body[gitsparse.KEY], list) or not body[gitsparse.KEY]:
+                r.fail(ekey, body[gitsparse.KEY], "expected a non-empty list of path patterns (git sparse-checkout syntax)")
+            exclude = r.strings(body[gitsparse.KEY], ekey)
+            for i, pattern in enumerate(exclude):
+                problem = gitsparse.pattern_problem(pattern)
+                if problem:
+                    r.fail(f"{ekey}[{i}]", pattern, problem)
+        return Source("git", url=url, ref=ref, commit=commit, exclude=exclude)
     r.known_keys(body, SDIST_KEYS, f"{key}.sdist.")
     where_from = [k for k in ("url", "pypi") if k in body]
     if len(where_from) != 1:
