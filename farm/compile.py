@@ -280,6 +280,20 @@ def record_nvcc_calls(env: dict[str, str], folder: Path, real_nvcc: Path | str) 
     env["PATH"] = _join(str(bin_dir), env.get("PATH", ""))
     for key in ("PYTORCH_NVCC", "CUDACXX", "CUDA_NVCC_EXECUTABLE", "CMAKE_CUDA_COMPILER"):
         env[key] = str(wrapper)
+    # torch's distutils backend (no ninja) and many setup.py files run $CUDA_HOME/bin/nvcc itself: a
+    # shadow toolkit of symlinks whose bin/nvcc is the wrapper (nvcc finds its own files from its real path)
+    home = Path(env.get("CUDA_HOME", ""))
+    if env.get("CUDA_HOME") and (home / "bin").is_dir():
+        shadow = folder / "cuda"
+        (shadow / "bin").mkdir(parents=True)
+        for entry in home.iterdir():
+            if entry.name != "bin":
+                (shadow / entry.name).symlink_to(entry)
+        for entry in (home / "bin").iterdir():
+            (shadow / "bin" / entry.name).symlink_to(wrapper if entry.name == "nvcc" else entry)
+        for key in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+            if key in env:
+                env[key] = str(shadow)
     return calls
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -118,9 +119,20 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     real = tmp_path / "real-nvcc"
     real.write_text("#!/bin/sh\necho real nvcc ran \"$@\"\n")
     real.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin"}
+    home = tmp_path / "toolkit"
+    (home / "bin").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "include" / "cuda.h").write_text("")
+    (home / "bin" / "ptxas").write_text("")
+    real.rename(home / "bin" / "nvcc")
+    real = home / "bin" / "nvcc"
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(home)}
     calls = record_nvcc_calls(env, tmp_path / "rec", real)
     assert env["PYTORCH_NVCC"] == env["CUDACXX"] == str(tmp_path / "rec" / "bin" / "nvcc")
+    shadow = Path(env["CUDA_HOME"])   # a build that runs $CUDA_HOME/bin/nvcc itself is recorded too
+    assert shadow != home and (shadow / "include" / "cuda.h").is_file() and (shadow / "bin" / "ptxas").exists()
+    done = subprocess.run([str(shadow / "bin" / "nvcc"), "-c", "c.cu", "-arch=sm_90"], capture_output=True, text=True)
+    assert done.stdout.startswith("real nvcc ran")
     for argv in (["-c", "a b.cu", "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=compute_90"],
                  ["-c", "b.cu", "-gencode=arch=compute_89,code=sm_89"], ["--version"]):
         done = subprocess.run(["nvcc", *argv], env=env, capture_output=True, text=True, check=True)
@@ -128,13 +140,14 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     seen = read_nvcc_calls(calls)
     assert sorted(seen) == sorted([["-c", "a b.cu", "-gencode=arch=compute_80,code=sm_80",
                                     "-gencode=arch=compute_90,code=compute_90"],
-                                   ["-c", "b.cu", "-gencode=arch=compute_89,code=sm_89"], ["--version"]])
-    report = flags_report(seen, ArchList.parse("8.0 9.0+PTX"))
-    assert report["invocations"] == 3 and report["compiling_invocations"] == 2
-    assert (report["sass"], report["ptx"]) == (["sm_80", "sm_89"], ["compute_90"])
-    assert not report["equal"] and report["missing"] == ["sm_90"] and report["extra"] == ["sm_89"]
-    assert report["calls_differing"] == 2
-    assert "missing sm_90; extra sm_89" in flags_summary(report)
+                                   ["-c", "b.cu", "-gencode=arch=compute_89,code=sm_89"], ["--version"],
+                                   ["-c", "c.cu", "-arch=sm_90"]])
+    report = flags_report(seen, ArchList.parse("8.0 9.0+PTX 10.0"))
+    assert report["invocations"] == 4 and report["compiling_invocations"] == 3
+    assert (report["sass"], report["ptx"]) == (["sm_80", "sm_89", "sm_90"], ["compute_90"])
+    assert not report["equal"] and report["missing"] == ["sm_100"] and report["extra"] == ["sm_89"]
+    assert report["calls_differing"] == 3
+    assert "missing sm_100; extra sm_89" in flags_summary(report)
     exact = flags_report([["-c", "x.cu", "-gencode=arch=compute_80,code=sm_80"]], ArchList.parse("8.0"))
     assert exact["equal"] and "equal to the cell's list 8.0" in flags_summary(exact)
 
