@@ -939,33 +939,27 @@ def _fits(w: _Wheel, version: tuple[int, int]) -> bool:
 def libcuda_stub_dir(w: _Wheel) -> Path:
     """A folder with a libcuda.so.1 stub, for verify.needs_driver (there is no driver here).
 
-    The toolkit's own stub when one is found (CUDA_HOME/lib64/stubs); else one made here with the
-    C compiler: every driver function the wheel's modules use, each returning
-    CUDA_ERROR_NO_DEVICE (100), so that loading resolves and any call reports no device.
+    The toolkit's own stub when one is found (CUDA_HOME, /usr/local/cuda, then the farm's PyPI
+    toolkits, which farm.toolkit gives one); else one made here by the same maker
+    (farm.toolkit.build_libcuda_stub) from every driver function the wheel's modules use, each
+    returning CUDA_ERROR_NO_DEVICE (100), so that loading resolves and any call reports no device.
     """
+    from .toolkit import ToolkitUnavailable, build_libcuda_stub, cached_toolkit_homes, find_libcuda_stub
+
     d = w.workdir / "libcuda-stub"
     d.mkdir(exist_ok=True)
     link = d / "libcuda.so.1"
     if link.exists():
         return d
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            found = [Path(home) / "lib64" / "stubs" / "libcuda.so",
-                     *sorted(Path(home).glob("targets/*/lib/stubs/libcuda.so"))]
-            stub = next((c for c in found if c.is_file()), None)
-            if stub is not None:
-                link.symlink_to(stub)
-                return d
-    names = sorted({s for b in w.elf_binaries() for s in b.elf.driver_symbols})
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise GateCannotRun("verify.needs_driver: no toolkit libcuda stub and no C compiler to make one")
-    src = d / "libcuda_stub.c"
-    src.write_text("".join(f"int {n}(void) {{ return 100; }}\n" for n in names) or "int cuInit(void) { return 100; }\n")
-    made = subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(link), str(src)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        raise GateCannotRun(f"verify.needs_driver: making a libcuda stub failed: {made.stderr.strip()[-200:]}")
+    homes = [h for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if h]
+    stub = find_libcuda_stub([*homes, *cached_toolkit_homes()])
+    if stub is not None:
+        link.symlink_to(stub)
+        return d
+    try:
+        build_libcuda_stub(link, {s for b in w.elf_binaries() for s in b.elf.driver_symbols})
+    except ToolkitUnavailable as exc:
+        raise GateCannotRun(f"verify.needs_driver: no toolkit libcuda stub, and {exc}") from None
     return d
 
 
