@@ -680,7 +680,7 @@ def _read_patches(r: _Reader, value, name: str, recipes_folder: Path) -> tuple[P
         if folder not in target.parents:
             r.fail(f"{key}.file", file, f"must be a file under recipes/patches/{name}/")
         if not os.path.isfile(target):
-            r.fail(f"{key}.file", file, f"no such file recipes/patches/{name}/{shorten(file, 80)}")
+            r.fail(f"{key}.file", file, f"no such file {paths.display(folder)}/{shorten(file, 80)}")
         if not file.endswith((".patch", ".diff", ".py")):
             r.fail(f"{key}.file", file, "expected a .patch/.diff (git apply) or a .py patch_script")
         when = {}

@@ -186,7 +186,7 @@ MALFORMED = [
      "env.NVCC_FLAGS: '--arch {ARCHS}': unknown placeholder {ARCHS} (known: {ARCHS_TORCH}, {ARCHS_CMAKE}, "
      "{CUDA}, {CUDA_HOME})"),
     ("patch file that does not exist", "patches: [{file: fix.patch}]\n",
-     "patches[0].file: 'fix.patch': no such file recipes/patches/pkg/fix.patch"),
+     "patches[0].file: 'fix.patch': no such file {folder}/patches/pkg/fix.patch"),
     ("skip_arch without a reason", "verify: {skip_arch: true}\n",
      "verify.skip_arch: True: give the reason as a string (e.g. kernels compiled at run time by NVRTC)"),
 ]
@@ -199,8 +199,8 @@ def test_malformed_recipe_is_one_line_naming_file_key_and_value(tmp_path, defaul
     message = error_of(path, defaults)
     if expected is None:
         assert message.startswith(f"{path}: requires_dist[0]: 'numpy >>= 1': not a valid requirement: ")
-    else:
-        assert message == f"{path}: {expected}"
+    else:   # {folder}: the recipes folder the loader was given (the message names the real one)
+        assert message == f"{path}: {expected.replace('{folder}', str(path.parent))}"
 
 
 def test_unknown_key_far_from_every_key_lists_the_known_keys(tmp_path, defaults):

@@ -160,6 +160,22 @@ def test_prune_refuses_while_verify_fails_and_never_deletes_an_unlisted_wheel(bu
     assert listed(house) == {w.name for w in wheels}
 
 
+def test_verify_says_recover_adds_a_stray_wheel_but_leaves_a_stray_non_wheel_to_a_person(built, tmp_path):
+    house, wheels = built
+    project = house / "files" / "drtk"
+    stray_wheel = make_wheel(tmp_path / "stray", "drtk", "0.2.0+cu128torch2.8")
+    shutil.copy(stray_wheel, project / stray_wheel.name)
+    (project / "notes.txt").write_text("left here by hand\n")
+    res = run_farm("index", "verify", "--wheelhouse", house, check=False)
+    assert res.returncode == 1
+    said = {line.split(": ", 1)[0]: line for line in res.stdout.splitlines()}
+    assert "`farm index recover` adds it" in said[f"files/{project.name}/{stray_wheel.name}"]
+    assert "remove it by hand" in said[f"files/{project.name}/notes.txt"]
+    res = run_farm("index", "recover", "--wheelhouse", house, check=False)
+    assert "left as it is: files/drtk/notes.txt" in res.stdout + res.stderr
+    assert (project / "notes.txt").exists() and stray_wheel.name in listed(house)
+
+
 # ---------------------------------------------------------------- malformed inputs
 
 

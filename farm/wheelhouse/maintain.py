@@ -212,10 +212,18 @@ def verify(wheelhouse) -> list[str]:
             target = f" to {os.readlink(entry)}" if kind == "a symlink" else ""
             problems.append(f"{rel}: {kind}{target}, not a regular file; `farm index recover` removes it")
         elif rel not in accounted:
-            problems.append(f"{rel}: no manifest record accounts for it (an orphan); `farm index recover` adds it")
+            problems.append(f"{rel}: no manifest record accounts for it (an orphan); {_orphan_remedy(rel, root)}")
     problems += _page_problems(root, entries)
     problems += check_links(root, hashes)
     return problems
+
+
+def _orphan_remedy(rel: str, root: Path) -> str:
+    """What repairs an unaccounted file: recover adds a wheel (and rewrites its sidecar); anything else is
+    not the farm's to guess about."""
+    if rel.endswith(".whl") or (rel.endswith(".whl.metadata") and (root / rel[: -len(".metadata")]).is_file()):
+        return "`farm index recover` adds it"
+    return "not a wheel or a wheel's sidecar: `farm index recover` leaves it, remove it by hand"
 
 
 def _page_problems(root: Path, entries) -> list[str]:
