@@ -241,15 +241,18 @@ def test_setup_py_opening_a_socket_fails_the_compile(recipes, tmp_path, runner):
     assert "farm-test: network blocked during compile" in log
     assert "the network was reachable" not in log
     assert not list(out.rglob("*.whl"))
-    assert not import_check_children(), "the import check's early child outlived the failed compile"
+    assert not import_check_children("3.11"), "the import check's early child outlived the failed compile"
 
 
-def import_check_children() -> list[int]:
-    """Processes running farm.verify's import child (started with the compile step)."""
+def import_check_children(python: str) -> list[int]:
+    """Processes running farm.verify's import child (started with the compile step) in a torch environment
+    of `python`: the test's cells use a Python that other builds on this machine (e.g. the cu130 py3.12
+    status builds) do not, so their import children are not mistaken for the test's."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"FARM-IMPORT " in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if proc.name.isdigit() and b"FARM-IMPORT " in cmdline and f"-py{python}.".encode() in cmdline:
                 found.append(int(proc.name))
         except OSError:
             continue
