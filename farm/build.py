@@ -36,6 +36,10 @@ class BuildFailed(FarmError):
     exit_code = 1
 
 
+class NeedsFarmWheel(NotBuildableHere):
+    """A build_requires_farm dependency has no wheel for the cell's coordinates in the wheelhouse."""
+
+
 class BuildOOM(BuildFailed):
     """A step was killed with exit 137 (out of memory): `farm run` retries it with max_jobs halved (SPEC 8.4)."""
 
@@ -114,6 +118,14 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
     check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
+    house = Path(wheelhouse or paths.wheelhouse_dir())
+    keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
+    farm_wheels = keys.farm_wheels(cell)   # the journal read once: the key below sees the same wheels
+    for wheel in farm_wheels:
+        if wheel.entry is None:
+            from .farmdeps import missing_line
+
+            raise NeedsFarmWheel(missing_line(cell.id, wheel, house))
     if tier == "smoke":
         cell = smoke_cell(cell, arch)   # its own arch list, so its own build key
     elif arch:
@@ -137,9 +149,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     if image is not None and image.key != context.image:
         raise FarmError(f"{cell.id}: the runner's image {image.ref} has key {image.key}, the build key expects "
                         f"{context.image}; rebuild the image (farm images build)")
-    key = KeyMaker(plan.defaults, plan.recipes).key(cell, context)
-
-    house = Path(wheelhouse or paths.wheelhouse_dir())
+    key = keys.key(cell, context)
 
     def up_to_date(why: str) -> BuildResult | None:
         """The published wheel of this very key, unless --force."""
@@ -160,7 +170,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
         try:
             result = _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries,
-                                   out=out, publish=publish, plat=plat, log=log, started=started,
+                                   farm_wheels, out=out, publish=publish, plat=plat, log=log, started=started,
                                    max_jobs=max_jobs, max_jobs_reason=max_jobs_reason,
                                    compiler_cache=compiler_cache, tier=tier, flags_minutes=flags_minutes)
         except BuildFailed as exc:
@@ -253,8 +263,9 @@ def _cell_lock(cell_id: str, log):
         yield waited
 
 
-def _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, *, out, publish, plat,
-                  log, started, max_jobs, max_jobs_reason, compiler_cache, tier, flags_minutes) -> BuildResult:
+def _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, farm_wheels, *, out,
+                  publish, plat, log, started, max_jobs, max_jobs_reason, compiler_cache, tier,
+                  flags_minutes) -> BuildResult:
     from .ccache import cache_env, decision, group_dir, group_name
 
     if tier == "flags" and flags_minutes is None:
@@ -288,6 +299,9 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
     record_base = {"cell": cell.id, "build_key": key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
                    "runner": runner.kind, "image": target["id"], "farm_version": __version__, "tier": tier}
+    if farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
+        record_base["build_requires_farm"] = [w.record() for w in farm_wheels]
+    staged = work / "farm-wheels"
 
     def spec_for(where_runner, paths_fn) -> Path:
         spec = {
@@ -301,6 +315,8 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
             "paths": {"out": paths_fn(out), "work": paths_fn(work)},
             "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
             "build_number": build_number, "record": record_base,
+            "farm_wheels": [{"recipe": w.recipe, "file": paths_fn(staged / w.entry.file), "sha256": w.sha256}
+                            for w in farm_wheels],
             "flags": {"stop_after_s": 60.0 * flags_minutes} if tier == "flags" else None,
             "compiler_cache_env": cache_env(enabled=compiler_cache, ccache_dir=paths_fn(cache_dir_host),
                                             basedir=paths_fn(work), stats_log=paths_fn(out / "ccache-stats.log")),
@@ -331,6 +347,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
 
     phase("source", HostRunner(arch=images.host_arch()), str(host_spec), True)
     _download_inputs(cell, recipe, target, toolkit_source, log_path)
+    _stage_farm_wheels(cell, farm_wheels, house, staged, log_path)
     if recipe.pre_build:
         phase("env,toolkit,prebuild", runner, inside_spec, True)
     if tier == "flags":
@@ -395,6 +412,30 @@ def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, lo
     if toolkit_source in ("auto", "pypi") and \
             installed_toolkit(cell.cuda, target["arch"], recipe.cuda_components, toolkit_source)[0] is None:
         download_toolkit_wheels(cell.cuda, target["arch"], recipe.cuda_components, log=note)
+
+
+def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: Path) -> None:
+    """Host side: the build_requires_farm wheels into the cell's work dir, which every runner mounts, for the
+    environment step's offline install. The bytes must be the ones the manifest (and so the key) names."""
+    from .wheelhouse.maintain import file_sha256
+
+    if not farm_wheels:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for wheel in farm_wheels:
+        source, target = wheel.path(house), folder / wheel.entry.file
+        try:
+            os.link(source, target)   # wheelhouse files are never rewritten in place
+        except OSError:
+            try:
+                shutil.copyfile(source, target)
+            except OSError as exc:
+                raise BuildFailed(f"{cell.id}: cannot stage {wheel.recipe}'s wheel {source}: {exc.strerror}") from None
+        found = file_sha256(target)
+        if found != wheel.sha256:
+            raise BuildFailed(f"{cell.id}: {source} has sha256 {found[:12]}, the manifest says {wheel.sha256[:12]}: "
+                              f"`farm index verify` the wheelhouse")
+        _append(log_path, f"[host] staged {wheel.recipe}'s wheel {wheel.entry.file} (sha256 {wheel.sha256[:12]})")
 
 
 def recipe_timeout(recipe: Recipe) -> float | None:

@@ -4,8 +4,9 @@ Keyed: the resolved source pin, the recipe's build-relevant keys and patch
 contents (not `verify`, not comments), the resolved arch list, the exact
 torch and label, the toolkit, the build context (runner class, image with
 its compiler, target platform tag), the pinned build deps, Python, the
-build epoch, and the build-relevant keys of recipes referenced through
-{VER:x} / {LOCAL:x}. Recorded but not keyed: image digest, farm version.
+build epoch, the build-relevant keys of recipes referenced through
+{VER:x} / {LOCAL:x}, and the sha256 of each build_requires_farm wheel.
+Recorded but not keyed: image digest, farm version.
 """
 
 from __future__ import annotations
@@ -69,11 +70,26 @@ def tree_digest(folder: Path) -> str:
 class KeyMaker:
     """Computes build keys for many cells, hashing each recipe's inputs once."""
 
-    def __init__(self, defaults: Defaults, recipes: dict):
+    def __init__(self, defaults: Defaults, recipes: dict, wheelhouse: Path | None = None):
         self.defaults = defaults
         self.recipes = recipes
         self._recipe_digest: dict[str, str] = {}
         self.epoch = int(defaults.grid_policy.defaults.get("build_epoch", 1))
+        self.wheelhouse = wheelhouse     # where build_requires_farm wheels are looked up (default: as built_keys)
+        self._entries: list | None = None
+
+    def farm_wheels(self, cell: Cell) -> list:
+        """The cell's build_requires_farm wheels in the wheelhouse (farm/farmdeps.py); the journal is read once."""
+        from .farmdeps import farm_wheels
+
+        if not self.recipes[cell.recipe_name].build_requires_farm:
+            return []
+        if self._entries is None:
+            from .wheelhouse import read_journal
+            from .wheelhouse.paths import default_wheelhouse
+
+            self._entries = read_journal(default_wheelhouse(self.wheelhouse)).entries
+        return farm_wheels(cell, self.recipes, self._entries)
 
     def recipe_digest(self, name: str) -> str:
         """The recipe's build-relevant keys, patch contents, local source tree, and referenced recipes."""
@@ -99,11 +115,17 @@ class KeyMaker:
 
     def key(self, cell: Cell, context: BuildContext | None = None) -> str:
         context = context or context_for(cell.platform, "container")
-        return digest({
+        inputs = {
             "recipe": self.recipe_digest(cell.recipe_name),
             "arch": cell.arch.arch_list.torch(),
             "torch": cell.torch_pin, "label": cell.local_label,
             "cuda": cell.cuda, "toolkit": self.defaults.toolkits[cell.cuda].version,
             "python": cell.python, "wheel_abi": cell.wheel_abi, "platform": cell.platform,
             "context": context.as_dict(), "epoch": self.epoch,
-        })
+        }
+        wheels = self.farm_wheels(cell)
+        if wheels:   # only then: the keys of cells without build_requires_farm stay as they were
+            from .farmdeps import key_input
+
+            inputs["farm_wheels"] = key_input(wheels)
+        return digest(inputs)

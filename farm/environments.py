@@ -15,7 +15,9 @@ own arch list (PAM evidence) and marks it complete and read-only; built once
 under a lock. `overlay_environment()` adds a recipe's build_deps in a venv
 whose site-packages sees the base through a .pth (a `--system-site-packages`
 venv made from a venv would see the interpreter's site-packages, not the
-base's), with the base's pins as constraints and the resolved pins recorded.
+base's), with the base's pins as constraints and the resolved pins recorded;
+then the cell's build_requires_farm wheels (staged by `farm build` from the
+wheelhouse) with --no-deps, so the build and the import check can import them.
 """
 
 from __future__ import annotations
@@ -329,46 +331,60 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
 
 
 def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads: DownloadSet | None = None,
-                        req: EnvRequest | None = None, log=None, root: Path | None = None) -> TorchEnv:
-    """`base` plus a recipe's build_deps (cached per base and deps); `base` itself when there are none."""
+                        req: EnvRequest | None = None, farm_wheels: Iterable[tuple[Path, str]] = (), log=None,
+                        root: Path | None = None) -> TorchEnv:
+    """`base` plus a recipe's build_deps, then its build_requires_farm wheels ((file, sha256) pairs, installed
+    with --no-deps: their own requirements are the build env's business), cached per base, deps and wheel
+    sha256s; `base` itself when there are neither."""
     deps = sorted(str(d) for d in build_deps or ())
-    if not deps:
+    farm_wheels = sorted((Path(f), sha) for f, sha in farm_wheels)
+    if not deps and not farm_wheels:
         return base
     log = log or (lambda _m: None)
     root = root or cache_dir()
-    digest = hashlib.sha256(json.dumps(deps).encode()).hexdigest()[:12]
+    # Without farm wheels the digest is the deps' alone, so the overlays already built stay valid.
+    keyed = deps if not farm_wheels else {"build_deps": deps, "farm_wheels": sorted(sha for _, sha in farm_wheels)}
+    digest = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()[:12]
     key = f"{base.key}-deps-{digest}"
     entry = root / "overlays" / key
 
     def build(path: Path) -> dict:
         dl = downloads
-        if dl is None and req is not None:
+        if dl is None and req is not None and deps:
             dl = find_manifest(deps, python=req.python, platform=req.platform, glibc=req.glibc,
                                constraints=[_torch_requirement(req)],
                                index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
-        if dl is None:
+        if dl is None and deps:
             raise EnvironmentError_(f"build_deps {deps} are not downloaded; run "
                                     f"farm.environments.download_build_deps on the host first")
+        _check_farm_wheels(farm_wheels)
         # `venv` run from the base's python makes a venv of the base's interpreter (sys._base_executable)
         _run([base.python, "-m", "venv", "--without-pip", path], log, f"creating the overlay venv {path}")
         site = _site_packages_of(path)
         (site / "_farm_base.pth").write_text(str(base.site_packages) + "\n")
-        with tempfile.TemporaryDirectory(prefix="farm-overlay-") as tmp:
-            links = Path(tmp) / "wheels"
-            links.mkdir()
-            for f in dl.files:                      # only this request's files: no stray versions
-                (links / f.name).symlink_to(f)
-            cons = Path(tmp) / "base-pins.txt"
-            cons.write_text("\n".join(base.pins) + "\n")
-            with cachebudget.downloads_in_use(root):
-                _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index",
-                      "--find-links", links, "-c", cons, "--no-warn-script-location", *deps], log,
-                     f"installing build_deps {deps} into {path}", env=isolated_pip_env())
+        if deps:
+            with tempfile.TemporaryDirectory(prefix="farm-overlay-") as tmp:
+                links = Path(tmp) / "wheels"
+                links.mkdir()
+                for f in dl.files:                      # only this request's files: no stray versions
+                    (links / f.name).symlink_to(f)
+                cons = Path(tmp) / "base-pins.txt"
+                cons.write_text("\n".join(base.pins) + "\n")
+                with cachebudget.downloads_in_use(root):
+                    _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index",
+                          "--find-links", links, "-c", cons, "--no-warn-script-location", *deps], log,
+                         f"installing build_deps {deps} into {path}", env=isolated_pip_env())
+        if farm_wheels:
+            _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
+                  "--no-warn-script-location", "--disable-pip-version-check", *(f for f, _ in farm_wheels)], log,
+                 f"installing the build_requires_farm wheels {[f.name for f, _ in farm_wheels]} into {path}",
+                 env=isolated_pip_env())
         added = _freeze(path / "bin" / "python", site)
         probe = probe_torch(path / "bin" / "python")
         if probe["torch"] != base.torch_version:
             raise TorchMismatch(f"build_deps {deps} replaced torch {base.torch_version} with {probe['torch']}")
-        return {"kind": "overlay", "base": str(base.path), "build_deps": deps, "pins": added}
+        return {"kind": "overlay", "base": str(base.path), "build_deps": deps, "pins": added,
+                "farm_wheels": [{"file": f.name, "sha256": sha} for f, sha in farm_wheels]}
 
     t0 = time.monotonic()
     lease = cachebudget.acquire(entry, build)
@@ -378,6 +394,20 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
                     python_version=base.python_version, torch_version=base.torch_version,
                     torch_cuda=base.torch_cuda, torch_arch_flags=base.torch_arch_flags, key=key,
                     pins=tuple(lease.info["pins"]), base=base.path, info=lease.info)
+
+
+def _check_farm_wheels(farm_wheels: list[tuple[Path, str]]) -> None:
+    """Each staged wheel must be there with the bytes its manifest entry (and so the build key) names."""
+    from .wheelhouse.maintain import file_sha256
+
+    for f, sha in farm_wheels:
+        try:
+            found = file_sha256(f)
+        except OSError as exc:
+            raise EnvironmentError_(f"build_requires_farm wheel {f}: {exc.strerror or exc}") from None
+        if found != sha:
+            raise EnvironmentError_(f"build_requires_farm wheel {f.name}: sha256 {found[:12]}, "
+                                    f"the build key names {sha[:12]}")
 
 
 _LEASES: list[cachebudget.Lease] = []

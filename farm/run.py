@@ -274,7 +274,7 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
     runner = resolve_runner(options.runner)
     house = default_wheelhouse(options.wheelhouse)
     contexts = Contexts(runner)
-    keys = KeyMaker(plan.defaults, plan.recipes)
+    keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
     done = built_keys(house)
     able = Buildability(runner, contexts)
     by_coords = {(c.recipe_name, c.cuda, c.torch if c.links_torch else None, c.python, c.platform): c
@@ -294,25 +294,25 @@ def select(options: RunOptions, plan: Plan | None = None) -> Selection:
         if cell.id in states:
             return states[cell.id]
         states[cell.id] = ("unbuildable", "build_requires_farm loop", None)   # guards a cycle
-        key = key_of(cell)
-        if key in done:
-            states[cell.id] = ("done", None, key)
-            return states[cell.id]
+        key = key_of(cell)   # keyed with the dependencies' wheels the house holds now (farm/farmdeps.py)
         recipe = plan.recipes[cell.recipe_name]
-        why = able.why_not(cell, recipe)
-        deps = []
+        dep_why, deps = None, []
         for dep_name in recipe.build_requires_farm:
             coords = (dep_name, cell.cuda, cell.torch if plan.recipes[dep_name].links_torch else None,
                       cell.python, cell.platform)
             dep = by_coords.get(coords)
             if dep is None:
-                why = why or f"needs {dep_name} for the same CUDA/torch/Python/platform, which has no cell"
+                dep_why = dep_why or f"needs {dep_name} for the same CUDA/torch/Python/platform, which has no cell"
                 continue
             state = visit(dep)[0]
             if state == "unbuildable":
-                why = why or f"needs {dep.id}, which cannot build here"
+                dep_why = dep_why or f"needs {dep.id}, which cannot build here"
             elif state == "todo":
                 deps.append(dep.id)
+        if key in done and not deps:   # a dependency built in this run gives new wheels: its dependents reopen
+            states[cell.id] = ("done", None, key)
+            return states[cell.id]
+        why = able.why_not(cell, recipe) or dep_why
         if why:
             states[cell.id] = ("unbuildable", why, key)
             return states[cell.id]
@@ -344,7 +344,7 @@ def missing_cells(plan: Plan, cells, wheelhouse=None, runner: str | None = None)
     from .wheelhouse import built_keys
 
     done = built_keys(wheelhouse)
-    keys = KeyMaker(plan.defaults, plan.recipes)
+    keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=wheelhouse)
     contexts = Contexts(resolve_runner(runner))
     return [c for c in cells if contexts.key_of(keys, c) not in done]
 
@@ -639,6 +639,8 @@ class Scheduler:
             cell.wheel = result.get("wheel")
             record = _read_json(Path(result["record_path"])) if result.get("record_path") else None
             if record:
+                # a build_requires_farm dependent is keyed by the build, after its dependencies published
+                cell.build_key = record.get("build_key") or cell.build_key
                 cell.peak_process_mb = record.get("peak_process_mb")
                 cell.compiler_cache = _cache_summary(record.get("compiler_cache"))
             if cell.expected_fail:

@@ -73,7 +73,9 @@ class Steps:
         c = self.cell
         req = EnvRequest(c["python"], c["torch_pin"], c["cuda"], c["platform"], self.spec["target"]["glibc"])
         base = base_environment(req, self.spec["python"], target=self.spec["target"]["id"], log=self.log)
-        self.torch_env = overlay_environment(base, self.recipe["build_deps"], req=req, log=self.log)
+        farm_wheels = [(Path(w["file"]), w["sha256"]) for w in self.spec.get("farm_wheels") or ()]
+        self.torch_env = overlay_environment(base, self.recipe["build_deps"], req=req, farm_wheels=farm_wheels,
+                                             log=self.log)
         return {"base": base.to_json(), "overlay": self.torch_env.to_json() if self.torch_env is not base else None,
                 "torch": base.torch_version, "torch_cuda": base.torch_cuda, "torch_arch_list": base.torch_arch_list}
 
