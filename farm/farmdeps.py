@@ -53,27 +53,25 @@ def _coords(cell, dep) -> str:
     return f"{cuda_tag(cell.cuda)}{torch}/py{cell.python}/{cell.platform}"
 
 
-def _fits(e, cell, dep) -> bool:
-    """The manifest's own fields must agree with the cell (the id alone could be reused by a renamed recipe)."""
-    return (e.cuda == cell.cuda and e.torch == (cell.torch if dep.links_torch else None)
+def _fits(e, cell, dep, project: str) -> bool:
+    """The manifest's fields, not the entry's cell id: a wheel published without a build record has an id
+    derived from its file name, which spells the project with hyphens (farm-dep-cu130-...)."""
+    return (e.project == project and e.cuda == cell.cuda and e.torch == (cell.torch if dep.links_torch else None)
             and e.platform in (cell.platform, None) and (not e.pythons or cell.python in e.pythons))
 
 
 def farm_wheels(cell, recipes: dict, entries) -> list[FarmWheel]:
     """The dependencies of `cell`'s recipe, in the recipe's order, each with its newest wheel in `entries`
-    (a journal's live entries, in publish order) or None."""
+    (a journal's live entries, in publish order: the last one of its cell's coordinates) or None."""
+    from .wheelhouse import normalize
+
     recipe = recipes[cell.recipe_name]
-    if not recipe.build_requires_farm:
-        return []
-    by_cell: dict[str, list] = {}
-    for e in entries:
-        by_cell.setdefault(e.cell, []).append(e)
     found = []
     for name in recipe.build_requires_farm:
         dep = recipes[name]
-        dep_cell = dependency_cell(cell, dep)
-        matches = [e for e in by_cell.get(dep_cell, ()) if _fits(e, cell, dep)]
-        found.append(FarmWheel(name, dep_cell, _coords(cell, dep), matches[-1] if matches else None))
+        project = normalize(dep.name)
+        matches = [e for e in entries if _fits(e, cell, dep, project)]
+        found.append(FarmWheel(name, dependency_cell(cell, dep), _coords(cell, dep), matches[-1] if matches else None))
     return found
 
 

@@ -143,3 +143,44 @@ def test_overlay_adds_build_deps_over_the_read_only_base_with_pins_recorded(base
     t0 = time.monotonic()
     E.overlay_environment(base_env, ["pybind11"], req=REQ)
     assert time.monotonic() - t0 < 2.0
+
+
+@needs_py311
+def test_overlay_installs_build_requires_farm_wheels_without_their_deps_keyed_by_sha256(base_env, tmp_path):
+    """The cell's build_requires_farm wheels go into its overlay with --no-deps (their requirement here is on
+    no index at all), after build_deps; a wheel whose bytes are not the keyed ones is refused."""
+    import subprocess
+
+    from wheelhouse_fixtures import make_wheel
+
+    from farm.wheelhouse.maintain import file_sha256
+
+    def dep_wheel(folder: Path, answer: int) -> tuple[Path, str]:
+        wheel = make_wheel(folder, name="farm_dep", version="0.1.0+cu130torch2.13",
+                           tags="cp311-cp311-manylinux_2_34_x86_64", payload=f"ANSWER = {answer}\n",
+                           metadata_extra="Requires-Dist: farm-test-not-on-any-index\n")
+        return wheel, file_sha256(wheel)
+
+    root = tmp_path / "cache"
+    first = dep_wheel(tmp_path / "a", 41)
+    overlay = E.overlay_environment(base_env, [], farm_wheels=[first], req=REQ, root=root)
+    assert overlay.base == base_env.path and overlay.path.parent == root / "overlays"
+    assert any(p.replace("-", "_") == "farm_dep==0.1.0+cu130torch2.13" for p in overlay.pins)
+    assert overlay.info["farm_wheels"] == [{"file": first[0].name, "sha256": first[1]}]
+    out = subprocess.run([str(overlay.python), "-c", "import farm_dep, torch; print(farm_dep.ANSWER, torch.__file__)"],
+                         capture_output=True, text=True, env=D.isolated_pip_env())
+    assert out.returncode == 0, out.stderr
+    answer, torch_file = out.stdout.split()
+    assert answer == "41" and torch_file.startswith(str(base_env.site_packages))
+    base_sees = subprocess.run([str(base_env.python), "-c", "import farm_dep"], capture_output=True, text=True)
+    assert base_sees.returncode != 0                                      # the base stays as it was
+
+    second = dep_wheel(tmp_path / "b", 42)                                # a rebuilt dependency: its own overlay
+    assert E.overlay_environment(base_env, [], farm_wheels=[second], req=REQ, root=root).path != overlay.path
+    assert E.overlay_environment(base_env, [], farm_wheels=[first], req=REQ, root=root).path == overlay.path
+
+    with pytest.raises(E.EnvironmentError_) as err:                       # bytes that are not the keyed ones
+        E.overlay_environment(base_env, [], farm_wheels=[(second[0], "0" * 64)], req=REQ, root=root)
+    assert second[0].name in str(err.value) and second[1][:12] in str(err.value)
+    left = sorted(p.name for p in (root / "overlays").iterdir() if p.is_dir())
+    assert len(left) == 2 and overlay.path.name in left                   # the refused one left nothing behind
