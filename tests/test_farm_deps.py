@@ -21,7 +21,6 @@ from wheelhouse_fixtures import make_wheel
 CELL = "farm_needs_dep-cu130-torch2.13-py311"
 DEP_CELL = "farm_dep-cu130-torch2.13-py311"
 DEP_WHEEL_TAGS = "cp311-cp311-manylinux_2_34_x86_64"
-PLAT = "manylinux_2_34_x86_64"
 
 SETUP = '''
 import farm_dep   # build time: only the cell's overlay environment has it (build_requires_farm)
@@ -32,11 +31,24 @@ with open("farm_needs_dep/_built_with.py", "w") as fh:
 setup(name="farm_needs_dep", version="0.1.0", packages=["farm_needs_dep"],
       ext_modules=[Extension("farm_needs_dep._ext", ["ext.c"])])
 '''
+DEP_SETUP = '''
+from setuptools import Extension, setup
+setup(name="farm_dep", version="0.1.0", packages=["farm_dep"], ext_modules=[Extension("farm_dep._ext", ["ext.c"])])
+'''
+# getrandom() is GLIBC_2.25: the lowest tag repair finds is the single manylinux_2_25 (an extension that
+# needs no newer glibc than 2.5 gets the two-tag set manylinux1.manylinux_2_5, which publish refuses).
 EXT_C = '''#include <Python.h>
-static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_ext", NULL, -1, NULL};
+#include <sys/random.h>
+static PyObject *noise(PyObject *self, PyObject *args) {
+    unsigned char b = 0;
+    return PyLong_FromLong(getrandom(&b, 1, 0));
+}
+static PyMethodDef methods[] = {{"noise", noise, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_ext", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__ext(void) { return PyModule_Create(&mod); }
 '''
 INIT = "import farm_dep   # import time: the import check must see it too\nfrom ._built_with import DEP_ANSWER\n"
+SKIP_ARCH = "  skip_arch: a plain C extension, no CUDA code\n"
 COMBOS = "combinations:\n  - {cuda: '13.0', torch: '2.13.0', pythons: ['3.11', '3.12']}\n"
 
 
@@ -48,16 +60,19 @@ def write_recipes(root: Path, dep_links_torch: bool = True) -> Path:
     (src / "ext.c").write_text(EXT_C)
     (src / "farm_needs_dep" / "__init__.py").write_text(INIT)
     dep_src = root / "dep-src"
-    dep_src.mkdir(exist_ok=True)
+    (dep_src / "farm_dep").mkdir(parents=True, exist_ok=True)
+    (dep_src / "setup.py").write_text(DEP_SETUP)
+    (dep_src / "ext.c").write_text(EXT_C)
+    (dep_src / "farm_dep" / "__init__.py").write_text("ANSWER = 41\nfrom ._ext import noise\n")
     recipes = root / "recipes"
     recipes.mkdir(exist_ok=True)
     (recipes / "farm_dep.yml").write_text(
         f"name: farm_dep\nsource:\n  path: {dep_src}\nversion: '0.1.0'\nlinks_torch: {str(dep_links_torch).lower()}\n"
-        f"platforms: [linux]\n{COMBOS}verify:\n  allow_pure_python: true\n")
+        f"platforms: [linux]\n{COMBOS}max_jobs: 1\nverify:\n  import_names: [farm_dep]\n{SKIP_ARCH}")
     (recipes / "farm_needs_dep.yml").write_text(
         f"name: farm_needs_dep\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
         f"{COMBOS}build_requires_farm: [farm_dep]\nmax_jobs: 1\n"
-        "verify:\n  import_names: [farm_needs_dep]\n  skip_arch: a plain C extension, no CUDA code\n")
+        f"verify:\n  import_names: [farm_needs_dep]\n{SKIP_ARCH}")
     return recipes
 
 
@@ -178,41 +193,46 @@ def test_a_run_reopens_the_dependents_of_a_dependency_it_rebuilds(tmp_path, monk
     assert would_build() == [DEP_CELL, CELL]
 
 
-# ---------------------------------------------------------------- the one real build
+# ---------------------------------------------------------------- the real builds
 
 @pytest.mark.slow
-def test_the_dependent_builds_and_imports_against_the_published_dependency(tmp_path):
+def test_a_run_builds_the_dependency_then_the_dependent_against_its_published_wheel(tmp_path):
+    """One `farm run` on the host runner, an empty wheelhouse: farm_dep is pulled in and published first,
+    then farm_needs_dep is keyed and built against that wheel: its setup.py and its import check import
+    it. Two plain C files: seconds of compile on the cached cu130 / torch 2.13 / Python 3.11 environment."""
     recipes = write_recipes(tmp_path)
-    house, out = tmp_path / "house", tmp_path / "out"
-    publish_dep(house, tmp_path / "dep")
-    [dep] = entries(house)
+    house, build = tmp_path / "house", tmp_path / "build"
     env = {"FARM_RECIPES": str(recipes)}
-    # --plat: a plain C extension allows manylinux_2_5, which repair spells as a two-tag set (with
-    # manylinux1) that the gate and publish refuse; torch extensions never ask for a glibc that old.
-    res = run_farm("build", CELL, "--runner", "host", "--out", str(out), "--wheelhouse", str(house),
-                   "--plat", PLAT, env=env, timeout=1800)
-    assert res.returncode == 0, res.stdout + res.stderr + (out / "build.log").read_text()[-3000:]
+    args = ("run", "--plain", "--runner", "host", "--package", "farm_needs_dep", "--cuda", "13.0", "--torch", "2.13",
+            "--python", "3.11", "--platform", "linux", "--jobs", "2", "--wheelhouse", str(house),
+            "--build-dir", str(build))
+    res = run_farm(*args, env=env, timeout=1800)
+    assert res.returncode == 0, res.stdout + res.stderr
 
+    cells = {c["id"]: c for c in json.loads((house / "runs" / "latest.json").read_text())["cells"]}
+    assert (cells[DEP_CELL]["status"], cells[CELL]["status"]) == ("built", "built")
+    assert cells[DEP_CELL]["pulled_in"] and cells[DEP_CELL]["finished"] <= cells[CELL]["started"]
+    [dep] = [e for e in entries(house) if e.cell == DEP_CELL]
+    [mine] = [e for e in entries(house) if e.cell == CELL]
+    out = build / CELL
     record = json.loads((out / "build.json").read_text())
     assert record["build_requires_farm"] == [{"recipe": "farm_dep", "cell": DEP_CELL, "file": dep.file,
-                                              "sha256": dep.sha256, "build_key": None}]
-    [wheel] = (out / "wheel").glob("*.whl")
-    with zipfile.ZipFile(wheel) as zf:
+                                              "sha256": dep.sha256, "build_key": dep.build_key}]
+    assert mine.build_key == record["build_key"] == cells[CELL]["build_key"]   # keyed after farm_dep published
+    with zipfile.ZipFile(house / "files" / mine.project / mine.file) as zf:
         assert zf.read("farm_needs_dep/_built_with.py") == b"DEP_ANSWER = 41\n"   # setup.py imported farm_dep
         info = json.loads(zf.read("farm_needs_dep-0.1.0+cu130torch2.13.dist-info/farm_build.json"))
     assert info["build_requires_farm"][0]["sha256"] == dep.sha256
     report = json.loads((out / "verify.json").read_text())
     [imp] = [c for c in report["checks"] if c["name"] == "import"]
     assert imp["status"] == "pass", imp
-    assert "farm_needs_dep" in imp["details"]["modules"] and "farm_needs_dep._ext" in imp["details"]["modules"]
+    assert {"farm_needs_dep", "farm_needs_dep._ext"} <= set(imp["details"]["modules"])
     env_state = json.loads((out / "steps.json").read_text())["env"]
-    assert env_state["overlay"] is not None
+    assert any(p.replace("-", "_") == "farm_dep==0.1.0+cu130torch2.13" for p in env_state["overlay"]["pins"])
     base_python = Path(env_state["base"]["python"])   # what the build would have had without the overlay
     assert subprocess.run([str(base_python), "-c", "import farm_dep"], capture_output=True).returncode != 0
-    assert any(p.replace("-", "_") == "farm_dep==0.1.0+cu130torch2.13" for p in env_state["overlay"]["pins"])
-    published = [e for e in entries(house) if e.cell == CELL]
-    assert [e.build_key for e in published] == [record["build_key"]]
 
-    again = run_farm("build", CELL, "--runner", "host", "--out", str(out), "--wheelhouse", str(house),
-                     "--plat", PLAT, env=env)
-    assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
+    again = run_farm(*args, env=env)   # the dependent's key, with farm_dep's wheel in it, is served
+    assert again.returncode == 0, again.stderr
+    assert "1 skipped (of 1 selected)" in again.stdout, again.stdout
+    assert [e.file for e in entries(house)] == [dep.file, mine.file]
