@@ -76,11 +76,11 @@ class KeyMaker:
         self._recipe_digest: dict[str, str] = {}
         self.epoch = int(defaults.grid_policy.defaults.get("build_epoch", 1))
         self.wheelhouse = wheelhouse     # where build_requires_farm wheels are looked up (default: as built_keys)
-        self._entries: list | None = None
+        self._entries: dict | None = None     # the house's live entries per project, read once
 
     def farm_wheels(self, cell: Cell) -> list:
         """The cell's build_requires_farm wheels in the wheelhouse (farm/farmdeps.py); the journal is read once."""
-        from .farmdeps import farm_wheels
+        from .farmdeps import by_project, farm_wheels
 
         if not self.recipes[cell.recipe_name].build_requires_farm:
             return []
@@ -88,7 +88,7 @@ class KeyMaker:
             from .wheelhouse import read_journal
             from .wheelhouse.paths import default_wheelhouse
 
-            self._entries = read_journal(default_wheelhouse(self.wheelhouse)).entries
+            self._entries = by_project(read_journal(default_wheelhouse(self.wheelhouse)).entries)
         return farm_wheels(cell, self.recipes, self._entries)
 
     def recipe_digest(self, name: str) -> str:

@@ -60,17 +60,27 @@ def _fits(e, cell, dep, project: str) -> bool:
             and e.platform in (cell.platform, None) and (not e.pythons or cell.python in e.pythons))
 
 
+def by_project(entries) -> dict[str, list]:
+    """A journal's live entries per project, in publish order (a run keys many cells against one house)."""
+    out: dict[str, list] = {}
+    for e in entries:
+        out.setdefault(e.project, []).append(e)
+    return out
+
+
 def farm_wheels(cell, recipes: dict, entries) -> list[FarmWheel]:
     """The dependencies of `cell`'s recipe, in the recipe's order, each with its newest wheel in `entries`
-    (a journal's live entries, in publish order: the last one of its cell's coordinates) or None."""
+    (a journal's live entries in publish order, or by_project() of them: the last one of its cell's
+    coordinates) or None."""
     from .wheelhouse import normalize
 
     recipe = recipes[cell.recipe_name]
+    projects = entries if isinstance(entries, dict) else by_project(entries)
     found = []
     for name in recipe.build_requires_farm:
         dep = recipes[name]
         project = normalize(dep.name)
-        matches = [e for e in entries if _fits(e, cell, dep, project)]
+        matches = [e for e in projects.get(project, ()) if _fits(e, cell, dep, project)]
         found.append(FarmWheel(name, dependency_cell(cell, dep), _coords(cell, dep), matches[-1] if matches else None))
     return found
 
