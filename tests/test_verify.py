@@ -212,6 +212,21 @@ def test_filename_that_breaks_the_cells_promise_fails_filename(tmp_path, mod):
     failed_only(verify_wheel(unrepaired, expect("8.0")), "filename", "not a manylinux tag")
 
 
+def test_a_compressed_platform_tag_set_matches_the_same_set_expected(tmp_path, mod):
+    """auditwheel names a wheel that needs only glibc 2.5 manylinux1_x86_64.manylinux_2_5_x86_64: the cell
+    expects that very set, in any order; a set with another member is still refused."""
+    both = "manylinux1_x86_64.manylinux_2_5_x86_64"
+    wheel = probe_wheel(tmp_path, mod["8.0"], tag=f"{PY_TAG}-{PY_TAG}-{both}")
+    report = verify_wheel(wheel, expect("8.0", platform_tag=both), skip_import=True)
+    assert next(c for c in report.checks if c.name == "filename").status == "pass", report.lines()
+    reordered = "manylinux_2_5_x86_64.manylinux1_x86_64"
+    assert next(c for c in verify_wheel(wheel, expect("8.0", platform_tag=reordered), skip_import=True).checks
+                if c.name == "filename").status == "pass"
+    other = next(c for c in verify_wheel(wheel, expect("8.0", platform_tag="manylinux_2_5_x86_64"),
+                                         skip_import=True).checks if c.name == "filename")
+    assert other.status == "fail" and "expected manylinux_2_5_x86_64" in other.message
+
+
 @pytest.fixture(scope="session")
 def twins(builder):
     return {side: builder.module(f"_ops_{side}", GENCODE_SETS["8.0"], body=TWIN_BODY) for side in ("cpu", "cuda")}
