@@ -27,7 +27,7 @@ class DemoFailed(FarmError):
 
 
 def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelhouse: Path | None = None,
-             log=print) -> dict:
+             log=print, build_dir: Path | None = None) -> dict:
     from packaging.utils import parse_wheel_filename
 
     from .fatbin import read_fatbin
@@ -37,8 +37,9 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
 
     cell_id = cell_id or DEMO_CELL
     house = Path(wheelhouse or paths.wheelhouse_dir())
-    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log)
-    access_log = paths.PROJECT_ROOT / "build" / "demo-access.log"
+    build_dir = Path(build_dir or paths.PROJECT_ROOT / "build")
+    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log, out=build_dir / cell_id)
+    access_log = build_dir / "demo-access.log"
     access_log.parent.mkdir(parents=True, exist_ok=True)
     server = make_server(house, "127.0.0.1", 0, access_log=access_log)
     port = server.server_address[1]

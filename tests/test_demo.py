@@ -11,17 +11,19 @@ from farmcli import run_farm
 @pytest.mark.slow
 def test_farm_demo_builds_publishes_and_installs_from_the_channel(tmp_path):
     house = tmp_path / "wheelhouse"
-    res = run_farm("demo", "--runner", "host", "--wheelhouse", str(house), timeout=3600)
+    build = tmp_path / "build"   # the test leaves nothing in the checkout's build/
+    res = run_farm("demo", "--runner", "host", "--wheelhouse", str(house), "--build-dir", str(build), timeout=3600)
     assert res.returncode == 0, res.stderr + res.stdout
     assert "installed farm_demo-0.1.0+cu130torch2.13.dist-info from http://127.0.0.1:" in res.stdout
     assert "SASS: sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" in res.stdout
     assert "PTX:  compute_90 compute_120" in res.stdout
+    assert (build / "farm_demo-cu130-torch2.13-py311" / "build.json").is_file() and (build / "demo-access.log").is_file()
     manifest = [json.loads(line) for line in (house / "manifest.jsonl").read_text().splitlines()]
     assert [m["cell"] for m in manifest] == ["farm_demo-cu130-torch2.13-py311"]
     assert manifest[0]["build_key"] and manifest[0]["arch_list"]
     channel_page = (house / "cu130" / "torch2.13" / "farm-demo" / "index.html").read_text()
     assert "farm_demo-0.1.0%2Bcu130torch2.13-cp311-cp311-" in channel_page
     # a second demo finds the cell built (same build key) and only installs
-    again = run_farm("demo", "--runner", "host", "--wheelhouse", str(house), timeout=600)
+    again = run_farm("demo", "--runner", "host", "--wheelhouse", str(house), "--build-dir", str(build), timeout=600)
     assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout

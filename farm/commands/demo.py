@@ -12,11 +12,16 @@ def register(sub) -> None:
     parser.add_argument("--cell", help="default: farm.demo.DEMO_CELL (farm_demo-cu130-torch2.13-py311)")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers")
     parser.add_argument("--wheelhouse", type=Path)
+    parser.add_argument("--build-dir", type=Path,
+                        help="the cell's build folder and the server log go here (default: the project's build/)")
     parser.set_defaults(func=demo_command)
 
 
 def demo_command(args) -> int:
     from ..demo import run_demo
+    from .common import output_dir
 
-    run_demo(args.cell or None, args.runner, args.wheelhouse)
+    output_dir(args.wheelhouse, "--wheelhouse")
+    output_dir(args.build_dir, "--build-dir")
+    run_demo(args.cell or None, args.runner, args.wheelhouse, build_dir=args.build_dir)
     return 0
