@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from replay_server import serve
 
@@ -15,15 +18,13 @@ def replay_url():
 
 # ---------------------------------------------------------------- the suite leaves nothing in the checkout
 
-_CHECKOUT = __import__("pathlib").Path(__file__).resolve().parent.parent
+_CHECKOUT = Path(__file__).resolve().parent.parent
 # what running the suite may create: the venv, caches, bytecode, the benchmarks' results, the editable install
 _LEFT_OK = (".venv/", ".pytest_cache/", ".ruff_cache/", "bench/results/", "cuda_wheel_farm.egg-info/")
 
 
 def _stray_paths() -> set[str] | None:
     """Untracked and ignored paths of the checkout, as `git status` names them (None: not a git checkout)."""
-    import subprocess
-
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=_CHECKOUT,
                              capture_output=True, text=True, timeout=60)
