@@ -133,6 +133,19 @@ def test_recover_keeps_the_build_record_a_wheel_carries_and_frames_an_old_unfram
     assert all('"~crc32":"' in line for line in (house / "manifest.jsonl").read_text().splitlines())
 
 
+def test_recover_twice_frames_every_line_once_a_remove_record_too(built):
+    house, wheels = built
+    gone = house / "files/tfree" / wheels[2].name
+    gone.unlink()
+    gone.with_name(gone.name + ".metadata").unlink()
+    recover(house)   # drops the record: a remove record
+    recover(house)   # keeps that remove record
+    lines = (house / "manifest.jsonl").read_text().splitlines()
+    assert [json.loads(line)["op"] for line in lines].count("remove") == 1
+    assert [line.count('"~crc32"') for line in lines] == [1] * len(lines), lines
+    assert verify(house) == []
+
+
 def test_a_crafted_pickle_cache_runs_nothing_and_is_replaced_by_json(built, tmp_path):
     house, wheels = built
     marker = tmp_path / "pwned"

@@ -196,6 +196,13 @@ def frame(text: str) -> str:
     return f'{text[:-1]},"~crc32":"{zlib.crc32(text.encode("utf-8")):08x}"}}'
 
 
+def unframe(text: str) -> str:
+    """A line as frame() took it: its checksum key left out (an unframed line comes back as it is)."""
+    if text[-_FRAME:-10] == _MARK.decode() and text.endswith('"}'):
+        return text[:-_FRAME] + "}"
+    return text
+
+
 def _intact(raw: bytes) -> bool:
     """A framed line's checksum matches (an unframed line has none to check)."""
     if raw[-_FRAME:-10] != _MARK or not raw.endswith(b'"}'):

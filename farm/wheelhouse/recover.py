@@ -28,7 +28,16 @@ from pathlib import Path
 from ..errors import BadInput
 from .index import FILES, rebuild_pages
 from .maintain import file_sha256, house_files
-from .manifest import _REQUIRED, MANIFEST, ManifestEntry, house_folder, locked, scan, write_journal
+from .manifest import (
+    _REQUIRED,
+    MANIFEST,
+    ManifestEntry,
+    house_folder,
+    locked,
+    scan,
+    unframe,
+    write_journal,
+)
 from .names import parse_wheel_name
 from .publish import _check_record, _entry, _Prepared, read_metadata
 
@@ -117,7 +126,7 @@ def recover(wheelhouse) -> RecoverResult:
             file = rec["file"]
             if rec["op"] == "remove":
                 live.pop(file, None)
-                removed[file] = text
+                removed[file] = unframe(text)   # write_journal frames it again
                 continue
             try:
                 if _REQUIRED - rec.keys():
