@@ -146,6 +146,28 @@ def test_recover_twice_frames_every_line_once_a_remove_record_too(built):
     assert verify(house) == []
 
 
+def test_files_as_a_symlink_is_reported_refused_by_publish_and_recover_removes_only_the_link(built, tmp_path):
+    house, wheels = built
+    target = tmp_path / "elsewhere"
+    shutil.move(house / "files", target)
+    (house / "files").symlink_to(target)
+    (target / "drtk" / "planted.whl").symlink_to("/etc/passwd")
+    (target / "drtk" / "orphan.whl.metadata").write_bytes(b"Name: orphan\n")
+    outside = tree_state(target)
+    res = run_farm("index", "verify", "--wheelhouse", house, check=False)
+    assert res.returncode == 1 and f"files: a symlink to {target}, not a folder" in res.stdout, res.stdout
+    assert "Traceback" not in res.stderr
+    before = tree_state(house)
+    other = make_wheel(tmp_path / "in2", "drtk", "0.2.0+cu128torch2.8")
+    assert_one_line_refusal(run_farm("publish", other, "--wheelhouse", house, check=False), 2, "farm index recover")
+    assert tree_state(house) == before and tree_state(target) == outside
+    fixed = run_farm("index", "recover", "--wheelhouse", house, check=False)
+    assert fixed.returncode == 0 and "removed files " in fixed.stdout, (fixed.stdout, fixed.stderr)
+    assert tree_state(target) == outside        # nothing inside the link's target removed or written
+    assert not (house / "files").is_symlink()
+    assert run_farm("index", "verify", "--wheelhouse", house, check=False).returncode == 0
+
+
 def test_a_crafted_pickle_cache_runs_nothing_and_is_replaced_by_json(built, tmp_path):
     house, wheels = built
     marker = tmp_path / "pwned"

@@ -92,10 +92,26 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def files_not_a_folder(root: Path) -> str | None:
+    """What files/ is when it is there but not a real folder ("a symlink to X", "a file", ...), else None.
+    Nothing may go inside such a files/: a link would lead every read and write out of the house."""
+    try:
+        st = (root / FILES).lstat()
+    except FileNotFoundError:
+        return None
+    kind = _kind(st)
+    if kind == "a folder":
+        return None
+    return f"a symlink to {os.readlink(root / FILES)}" if kind == "a symlink" else kind or "a file"
+
+
 def house_files(root: Path):
     """(path relative to the house, path, lstat) of every entry under files/ (two levels), temporaries
-    (dot-names, a crashed publish's leftovers: prune removes them) left out. Never follows a link."""
+    (dot-names, a crashed publish's leftovers: prune removes them) left out. Never follows a link, files/
+    itself included (then there are none)."""
     top = root / FILES
+    if files_not_a_folder(root):
+        return
     try:
         firsts = sorted(os.scandir(top), key=lambda d: d.name)
     except (FileNotFoundError, NotADirectoryError):
@@ -169,7 +185,10 @@ def verify(wheelhouse) -> list[str]:
     if cache:
         problems.append(cache)
     hashes: dict[Path, str] = {}
-    for e in entries:
+    outside = files_not_a_folder(root)
+    if outside:
+        problems.append(f"{FILES}: {outside}, not a folder; `farm index recover` removes it")
+    for e in entries if not outside else ():
         wheel = root / FILES / e.project / e.file
         sidecar = wheel.with_name(e.file + ".metadata")
         rel = f"{FILES}/{e.project}/{e.file}"
@@ -337,7 +356,7 @@ def prune(wheelhouse, before: datetime | str) -> PruneResult:
         # Temporaries of publishes that died before their rename. A wheel no record names is never
         # deleted here: verify reports it and `farm index recover` adds it back to the journal.
         limit = min(cutoff.timestamp(), time.time() - 3600)
-        for folder in (root / FILES).glob("*"):
+        for folder in (root / FILES).glob("*") if not files_not_a_folder(root) else ():
             if folder.is_symlink() or not folder.is_dir():
                 continue
             for path in folder.glob(".*.tmp"):

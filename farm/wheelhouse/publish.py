@@ -35,7 +35,7 @@ from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
 from .index import FILES, Config, House, Site, channel_lines, update
-from .maintain import file_sha256, unaccounted
+from .maintain import file_sha256, files_not_a_folder, unaccounted
 from .manifest import (
     MANIFEST,
     JournalIndex,
@@ -180,6 +180,10 @@ def _prepare(wheel: Path, rec: dict) -> _Prepared:
 
 def _stage(root: Path, p: _Prepared) -> None:
     """Copy under a temporary dot-name next to its final place, hashing on the way; fsync."""
+    outside = files_not_a_folder(root)
+    if outside:
+        raise BadInput(display(root / FILES), None, None, f"not a real folder ({outside}); `farm index recover` "
+                                                          "removes it; nothing published")
     folder = root / FILES / p.name.project
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise BadInput(display(folder), None, None, "not a real folder (a symlink or a file); `farm index recover` "

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from .index import FILES, rebuild_pages
-from .maintain import file_sha256, house_files
+from .maintain import file_sha256, files_not_a_folder, house_files
 from .manifest import (
     _REQUIRED,
     MANIFEST,
@@ -140,6 +140,12 @@ def recover(wheelhouse) -> RecoverResult:
             removed.pop(file, None)
         on_disk: set[str] = set()
         derived: list[tuple[float, str, ManifestEntry]] = []
+        outside = files_not_a_folder(root)
+        if outside and outside != "a file":   # a link (never its target) or a FIFO, ...: nothing goes inside
+            (root / FILES).unlink()
+            result.removed.append(FILES)
+        elif outside:
+            result.left.append(f"{FILES}: a file where the files folder belongs")
         for rel, path, st in list(house_files(root)):
             mode = st.st_mode
             if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
