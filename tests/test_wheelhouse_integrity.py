@@ -13,8 +13,10 @@ import random
 import selectors
 import shutil
 import signal
+import struct
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,22 @@ def test_files_as_a_symlink_is_reported_refused_by_publish_and_recover_removes_o
     assert tree_state(target) == outside        # nothing inside the link's target removed or written
     assert not (house / "files").is_symlink()
     assert run_farm("index", "verify", "--wheelhouse", house, check=False).returncode == 0
+
+
+def test_verify_reports_a_wheel_whose_metadata_deflate_stream_is_damaged_without_a_traceback(built):
+    house, wheels = built
+    target = house / "files/drtk" / wheels[0].name
+    with zipfile.ZipFile(target) as zf:
+        info = zf.getinfo("drtk-0.1.0+cu128torch2.8.dist-info/METADATA")
+    data = bytearray(target.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start] = 0xFF   # deflate block type 3: reserved, zlib refuses the stream
+    target.write_bytes(bytes(data))
+    res = run_farm("index", "verify", "--wheelhouse", house, check=False)
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode == 1 and f"files/drtk/{wheels[0].name}: its METADATA cannot be read" in res.stdout, \
+        (res.stdout, res.stderr)
 
 
 def test_a_crafted_pickle_cache_runs_nothing_and_is_replaced_by_json(built, tmp_path):

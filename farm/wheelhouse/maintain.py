@@ -213,6 +213,7 @@ def verify(wheelhouse) -> list[str]:
         side = sidecar.read_bytes()
         if hashlib.sha256(side).hexdigest() != e.metadata_sha256:
             problems.append(f"{rel}.metadata: sha256 differs from the manifest's metadata_sha256")
+        from ..verify import ZIP_READ_ERRORS  # farm.verify's imports cost ~50 ms: only here
         try:
             with zipfile.ZipFile(wheel) as zf:
                 inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
@@ -220,6 +221,8 @@ def verify(wheelhouse) -> list[str]:
                     problems.append(f"{rel}.metadata: not byte-identical to the wheel's METADATA")
         except zipfile.BadZipFile:
             problems.append(f"{rel}: not a zip archive")
+        except ZIP_READ_ERRORS as exc:   # a damaged deflate stream, a truncated member, ...
+            problems.append(f"{rel}: its METADATA cannot be read ({type(exc).__name__}: {shorten(str(exc))})")
     accounted = {f"{FILES}/{e.project}/{e.file}{x}" for e in entries for x in ("", ".metadata")}
     for rel, entry, st in house_files(root):
         kind = _kind(st)
