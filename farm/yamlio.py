@@ -7,6 +7,7 @@ one line naming where, never a traceback or an exploding value:
 - a key written twice in one mapping is refused (YAML would keep the last one silently);
 - a mapping key must be a plain value, not a list or a mapping;
 - a date must exist (`2024-13-45` makes PyYAML raise ValueError), a whole number must be short;
+- a value its tag cannot make (`!!int abc`, `!!timestamp hello`) is refused where construction fails;
 - nesting is bounded, and aliases may not expand the document far beyond its own size (a "billion laughs" file is
   refused by arithmetic over shared nodes, never expanded), and may not contain themselves.
 """
@@ -30,9 +31,25 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_ALIAS_GROWTH = 1_000_000
 MAX_DEPTH = 64             # nesting levels: farm files use < 10; ~1000 makes repr() of a value raise RecursionError
 MAX_DIGITS = 100           # digits of a whole number: far beyond any range the farm accepts (4301 raise in int())
+_YAML_TAG = "tag:yaml.org,2002:"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _INT = "tag:yaml.org,2002:int"
 _CHECKED_TAGS = (_TIMESTAMP, _INT)
+
+
+class _Unconstructable(Exception):
+    """A node whose value its tag cannot make (`!!int abc`, `!!timestamp hello`)."""
+
+    def __init__(self, node):
+        self.node = node
+
+
+class _Loader(_SAFE_LOADER):
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, IndexError):   # what PyYAML raises
+            raise _Unconstructable(node) from None
 
 
 def load_yaml(path: Path) -> object:
@@ -57,7 +74,7 @@ def parse_yaml(raw: bytes, where: str) -> object:
     except UnicodeDecodeError as exc:
         raise BadInput(where, None, None, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
                                           "save it as UTF-8") from None
-    loader = _SAFE_LOADER(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -65,6 +82,11 @@ def parse_yaml(raw: bytes, where: str) -> object:
         # Without an anchor ('&') there is no alias: nothing to weigh.
         _inspect(node, where, limit=2 * len(text) + MAX_ALIAS_GROWTH, aliases="&" in text)
         return loader.construct_document(node)
+    except _Unconstructable as exc:
+        bad = exc.node
+        tag = bad.tag.removeprefix(_YAML_TAG)
+        raise BadInput(_at(where, bad), _key_path(node, bad), bad.value if bad.id == "scalar" else None,
+                       f"not a valid {'!!' if tag != bad.tag else ''}{tag} value") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark else where
@@ -76,6 +98,26 @@ def parse_yaml(raw: bytes, where: str) -> object:
 
 def _at(where: str, node) -> str:
     return f"{where}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+
+def _key_path(root, target) -> str | None:
+    """The key path (`a.b[2]`) of the first occurrence of node `target` under `root`, None at the top."""
+    seen: set[int] = set()
+    stack = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path or None
+        if id(node) in seen or node.id == "scalar":
+            continue
+        seen.add(id(node))
+        if node.id == "sequence":
+            stack.extend((item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value))))
+        else:
+            for key, value in reversed(node.value):
+                child = f"{path}.{key.value}" if path else str(key.value)
+                stack.extend([(value, child), (key, child)])
+    return None
 
 
 def _inspect(root, where: str, limit: int, aliases: bool) -> None:
@@ -138,6 +180,8 @@ def _inspect(root, where: str, limit: int, aliases: bool) -> None:
 
 def _check_scalar(node, where: str, path: str) -> None:
     if node.tag == _TIMESTAMP:
+        if not yaml.constructor.SafeConstructor.timestamp_regexp.match(node.value):
+            return   # not shaped like a date at all (`!!timestamp hello`): construction refuses it
         try:
             yaml.constructor.SafeConstructor.construct_yaml_timestamp(_NO_CONSTRUCTOR, node)
         except ValueError as exc:
