@@ -190,6 +190,8 @@ def test_a_bad_port_is_one_line_and_writes_nothing(tmp_path, port):
 
 
 def test_a_port_in_use_is_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "wh").mkdir()
+    before = tree_state(tmp_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -197,14 +199,29 @@ def test_a_port_in_use_is_one_line_and_writes_nothing(tmp_path):
         res = run_farm("serve", "--wheelhouse", str(tmp_path / "wh"), "--port", str(port),
                        "--access-log", str(tmp_path / "a.log"), timeout=30)
     assert_one_line_refusal(res, 2, f"cannot listen on 127.0.0.1:{port}")
-    assert tree_state(tmp_path) == {}
+    assert tree_state(tmp_path) == before
 
 
 def test_an_access_log_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "wh").mkdir()
+    before = tree_state(tmp_path)
     res = run_farm("serve", "--wheelhouse", str(tmp_path / "wh"), "--port", "0",
                    "--access-log", str(tmp_path / "no" / "such" / "a.log"), timeout=30)
     assert_one_line_refusal(res, 2, "--access-log")
-    assert tree_state(tmp_path) == {}
+    assert tree_state(tmp_path) == before
+
+
+@pytest.mark.parametrize("setup, needle", [("missing", "no such wheelhouse (nothing created)"),
+                                           ("a file", "not a folder")])
+def test_serve_refuses_a_wheelhouse_that_is_missing_or_a_file_and_creates_nothing(tmp_path, setup, needle):
+    house = tmp_path / "wh"
+    if setup == "a file":
+        house.write_text("not a wheelhouse\n")
+    before = tree_state(tmp_path)
+    res = run_farm("serve", "--wheelhouse", str(house), "--port", "0", timeout=30)
+    line = assert_one_line_refusal(res, 2, needle)
+    assert "--wheelhouse" in line and str(house) in line, line
+    assert tree_state(tmp_path) == before
 
 
 def test_sigterm_stops_farm_serve_within_a_second(tmp_path):

@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from ..errors import BadInput
+from .manifest import house_folder
 from .names import normalize
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
@@ -284,13 +285,12 @@ def _stop(signum, frame):
 
 def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None, negotiate: bool = True) -> None:
     """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off."""
-    root = Path(wheelhouse)
+    root = house_folder(wheelhouse)   # serving never makes a house: only publish does
     try:
         server = make_server(root, host, port, access_log, negotiate)
     except OSError as exc:  # port taken, privileged, host unknown
         raise BadInput("command line", "--port", port,
                        f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    root.mkdir(parents=True, exist_ok=True)
     shown_host = f"[{host}]" if ":" in host else host
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
