@@ -64,6 +64,12 @@ def hostile_house(tmp_path_factory):
     (house / "files/drtk/.partial.whl").write_bytes(SECRET)               # a publish in flight
     os.mkfifo(house / "files/x/pipe.whl")                                 # would block a naive open()
     (house / "files/x/sub").mkdir()
+    (house / "files/x/lock.whl").symlink_to(house / ".lock")                # in-house links to dot-files
+    (house / "files/x/partial.whl").symlink_to("../drtk/.partial.whl")
+    (house / "files/x/dotdir").symlink_to(house / "files/drtk/.staging")
+    (house / "files/drtk/.staging").mkdir()
+    (house / "files/drtk/.staging/index.html").write_bytes(SECRET)
+    (house / "files/x/with space").mkdir()
     (house / "files/x/sub/index.html").symlink_to(tmp / "secret.txt")     # an index page leading out
     log = tmp / "access.log"
     with farm_serve(house, "--access-log", str(log)) as (proc, port):
@@ -128,6 +134,9 @@ HOSTILE_REQUESTS = [
     ("fifo", line(b"/files/x/pipe.whl"), 404),
     ("publish-temporary", line(b"/files/drtk/.partial.whl"), 404),
     ("hidden-dotfile", line(b"/.lock"), 404),
+    ("in-house-symlink-to-the-lock", line(b"/files/x/lock.whl"), 404),
+    ("in-house-symlink-to-a-publish-temporary", line(b"/files/x/partial.whl"), 404),
+    ("in-house-symlink-to-a-dot-folder", line(b"/files/x/dotdir/"), 404),
     ("header-over-64kB", b"GET / HTTP/1.0\r\nX-Big: " + b"f" * 70_000 + b"\r\n\r\n", 431),
 ]
 
@@ -144,6 +153,12 @@ def test_a_hostile_request_gets_a_status_and_a_clean_close(hostile_house, reques
     # still serving: the real wheel right after
     ok, body = raw_request(port, line(f"/files/drtk/{wheel.name}".encode()))
     assert ok == 200 and body.endswith(wheel.read_bytes())
+
+
+def test_a_folder_without_its_slash_is_redirected_to_its_path_quoted_once(hostile_house):
+    _, port, _, _ = hostile_house
+    status, reply = raw_request(port, line(b"/files/x/with%20space"))
+    assert status == 301 and b"\r\nLocation: /files/x/with%20space/\r\n" in reply, reply[:500]
 
 
 def test_the_access_log_has_one_printable_line_per_request(hostile_house):

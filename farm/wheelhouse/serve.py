@@ -8,8 +8,8 @@ A static file server with three additions an index needs:
 - dot-files (temporaries of a publish in flight, the lock) are never served.
 Each request is one access-log line (common log format + Accept) to stderr or a file.
 
-Only regular files whose real path is inside the wheelhouse are served: a symlink that
-leads out, a FIFO or a device is a 404. A hostile request (NUL, '..', bad percent-encoding,
+Only regular files whose real path is inside the wheelhouse, with no dot-name on the way from
+its root, are served: a symlink that leads out or to a dot-file, a FIFO or a device is a 404. A hostile request (NUL, '..', bad percent-encoding,
 a component over NAME_MAX, thousands of components, a request line over MAX_REQUEST_LINE)
 gets a 400, 404 or 414 and the connection ends cleanly, never a traceback.
 """
@@ -155,8 +155,13 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
             real = os.path.realpath(fs, strict=True)
         except (OSError, ValueError):
             return None
-        root = self.directory
-        return real if real == root or real.startswith(root.rstrip(os.sep) + os.sep) else None
+        root = self.directory.rstrip(os.sep)
+        if real == root:
+            return real
+        if not real.startswith(root + os.sep):
+            return None
+        # The dot rule again on where a link led: an in-house link to the lock or a temporary is a 404 too.
+        return None if any(p.startswith(".") for p in real[len(root) + 1:].split(os.sep)) else real
 
     def send_head(self):
         fs = self._local_path()
@@ -181,7 +186,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
 
     def _redirect(self, location: str):
         self.send_response(HTTPStatus.MOVED_PERMANENTLY)
-        self.send_header("Location", quote(location))
+        self.send_header("Location", quote(location, safe="/%"))   # the request's path is quoted already
         self.send_header("Content-Length", "0")
         self.end_headers()
         return None
