@@ -49,6 +49,7 @@ GIT_KEYS = ("url", "ref", "commit", gitsparse.KEY)
 SDIST_KEYS = ("url", "pypi", "sha256")
 COMBINATION_KEYS = ("cuda", "torch", "pythons", "arch_list", "source")
 EXTRA_SOURCE_KEYS = ("url", "sha256", "dest")
+EXTRA_GIT_KEYS = ("git", "commit", "dest", gitsparse.KEY)
 EXPECTED_FAIL_KEYS = ("cells", "reason", "until")
 PATCH_KEYS = ("file", "when")
 PATCH_WHEN_KEYS = ("platform", "cuda")
@@ -139,9 +140,21 @@ class Combination:
 
 @dataclass(frozen=True)
 class ExtraSource:
+    """An archive `{url, sha256, dest}`, or a pinned git tree `{git, commit, dest, exclude?}`
+    (then `url` is the repository and `sha256` is None)."""
+
     url: str
-    sha256: str
+    sha256: str | None
     dest: str
+    commit: str | None = None      # git form: the full commit SHA (never a tag)
+    exclude: tuple[str, ...] = ()  # git form: paths left out of its checkout
+
+    def plain(self) -> dict:
+        """As written in the recipe (the build key's form; an archive's is unchanged by the git form)."""
+        if self.commit is None:
+            return {"url": self.url, "sha256": self.sha256, "dest": self.dest}
+        return _drop_empty({"git": self.url, "commit": self.commit, "dest": self.dest,
+                            gitsparse.KEY: list(self.exclude)})
 
 
 @dataclass(frozen=True)
@@ -293,7 +306,7 @@ class Recipe:
             "wheel_abi": None if self.wheel_abi == "cpython" else self.wheel_abi,
             "arch_fallback": self.arch_fallback,
             "build_requires_farm": list(self.build_requires_farm),
-            "extra_sources": [{"url": e.url, "sha256": e.sha256, "dest": e.dest} for e in self.extra_sources],
+            "extra_sources": [e.plain() for e in self.extra_sources],
             "system_packages": {k: list(v) for k, v in self.system_packages.items()},
             "expected_fail": self.expected_fail and _drop_empty({
                 "cells": list(self.expected_fail.cells), "reason": self.expected_fail.reason,
@@ -485,16 +498,7 @@ def _read_source(r: _Reader, value, key: str) -> Source:
                 r.fail(f"{key}.git.commit", commit, "expected the full 40-hex commit SHA")
             if _SHA.match(ref) and commit != ref:
                 r.fail(f"{key}.git.commit", commit, f"differs from ref {ref} (a SHA ref needs no commit)")
-        exclude = ()
-        if gitsparse.KEY in body:
-            ekey = f"{key}.git.{gitsparse.KEY}"
-            if not isinstance(body[gitsparse.KEY], list) or not body[gitsparse.KEY]:
-                r.fail(ekey, body[gitsparse.KEY], "expected a non-empty list of path patterns (git sparse-checkout syntax)")
-            exclude = r.strings(body[gitsparse.KEY], ekey)
-            for i, pattern in enumerate(exclude):
-                problem = gitsparse.pattern_problem(pattern)
-                if problem:
-                    r.fail(f"{ekey}[{i}]", pattern, problem)
+        exclude = _read_exclude(r, body, f"{key}.git.{gitsparse.KEY}")
         return Source("git", url=url, ref=ref, commit=commit, exclude=exclude)
     r.known_keys(body, SDIST_KEYS, f"{key}.sdist.")
     where_from = [k for k in ("url", "pypi") if k in body]
@@ -514,6 +518,20 @@ def _read_source(r: _Reader, value, key: str) -> Source:
     if not req or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
         r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3'")
     return Source("sdist", pypi=pypi, sha256=sha)
+
+
+def _read_exclude(r: _Reader, body: Mapping, ekey: str) -> tuple[str, ...]:
+    """`exclude` of a git tree (the source or an extra source): git sparse-checkout patterns."""
+    if gitsparse.KEY not in body:
+        return ()
+    if not isinstance(body[gitsparse.KEY], list) or not body[gitsparse.KEY]:
+        r.fail(ekey, body[gitsparse.KEY], "expected a non-empty list of path patterns (git sparse-checkout syntax)")
+    exclude = r.strings(body[gitsparse.KEY], ekey)
+    for i, pattern in enumerate(exclude):
+        problem = gitsparse.pattern_problem(pattern)
+        if problem:
+            r.fail(f"{ekey}[{i}]", pattern, problem)
+    return exclude
 
 
 def _local_path(r: _Reader, text: str, key: str, base: Path) -> Path:
@@ -700,19 +718,32 @@ def _read_patches(r: _Reader, value, name: str, recipes_folder: Path) -> tuple[P
 
 def _read_extra_sources(r: _Reader, value) -> tuple[ExtraSource, ...]:
     if not isinstance(value, list):
-        r.fail("extra_sources", value, "expected a list of {url, sha256, dest}")
+        r.fail("extra_sources", value, "expected a list of {url, sha256, dest} or {git, commit, dest}")
     out = []
     for i, item in enumerate(value):
         key = f"extra_sources[{i}]"
         item = r.mapping(item, key)
-        r.known_keys(item, EXTRA_SOURCE_KEYS, f"{key}.")
-        for req in EXTRA_SOURCE_KEYS:
-            if req not in item:
+        is_git = "git" in item
+        if is_git and "url" in item:
+            r.fail(f"{key}.url", item["url"], "give either url (an archive) or git (a repository), not both")
+        keys = EXTRA_GIT_KEYS if is_git else EXTRA_SOURCE_KEYS
+        r.known_keys(item, keys, f"{key}.")
+        for req in keys:
+            if req not in item and req != gitsparse.KEY:
                 r.fail(f"{key}.{req}", None, "missing required key")
         dest = r.string(item["dest"], f"{key}.dest")
         if Path(dest).is_absolute() or ".." in Path(dest).parts:
             r.fail(f"{key}.dest", dest, "must be a relative path inside the source tree")
-        out.append(ExtraSource(_read_url(r, item["url"], f"{key}.url"), r.sha256(item["sha256"], f"{key}.sha256"), dest))
+        if not is_git:
+            out.append(ExtraSource(_read_url(r, item["url"], f"{key}.url"),
+                                   r.sha256(item["sha256"], f"{key}.sha256"), dest))
+            continue
+        url = _read_url(r, item["git"], f"{key}.git")
+        commit = r.string(item["commit"], f"{key}.commit")
+        if not _SHA.match(commit):
+            # A tag can be moved upstream and a short SHA can grow ambiguous: only a full commit stays.
+            r.fail(f"{key}.commit", commit, "expected the full 40-hex commit SHA (no tag, no short SHA)")
+        out.append(ExtraSource(url, None, dest, commit, _read_exclude(r, item, f"{key}.{gitsparse.KEY}")))
     return tuple(out)
 
 

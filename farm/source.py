@@ -82,7 +82,7 @@ class SourceResult:
     commit: str | None = None                      # git only
     sha256: str | None = None                      # sdist only
     submodules: tuple[tuple[str, str], ...] = ()   # (path, commit), recursive, sorted
-    extra_sources: tuple[tuple[str, str], ...] = ()  # (dest, sha256)
+    extra_sources: tuple[tuple[str, ...], ...] = ()  # (dest, sha256) | (dest, git url, commit)
     patches: tuple[tuple[str, str], ...] = ()      # (file, sha256) applied, in order
     skipped_patches: tuple[str, ...] = ()          # files whose `when` did not match
     exclude: tuple[str, ...] = ()                  # git only: paths left out of the checkout
@@ -134,7 +134,7 @@ def prepare_source(
 
     `source` is `{git: {url, ref, commit?, exclude?}}`, `{sdist: {url | pypi, sha256}}` or
     `{path: DIR}` (relative to `base_dir`, default the project root).
-    `extra_sources` are `[{url, sha256, dest}]`; `patches` are `[{file, when?}]`
+    `extra_sources` are `[{url, sha256, dest} | {git, commit, dest, exclude?}]`; `patches` are `[{file, when?}]`
     under `patches_dir` (default recipes/patches/<name>/), selected for
     (`platform`, `cuda`). `work_dir` is replaced as a whole on success and left
     untouched on failure. `where` names the recipe file in error messages.
@@ -297,16 +297,16 @@ def _rev(repo: Path, ref: str) -> str | None:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def _resolve_ref(mirror: Path, url: str, ref: str, where: str) -> str:
+def _resolve_ref(mirror: Path, url: str, ref: str, where: str, key: str = "source.git.ref") -> str:
     """A full SHA or a tag -> the commit it names; branches are refused (they move)."""
     if FULL_SHA.match(ref):
         if not _has_commit(mirror, ref):
             _fetch_mirror(mirror, url, ref)
         if not _has_commit(mirror, ref):
-            raise BadInput(where, "source.git.ref", ref, f"no such commit in {url}")
+            raise BadInput(where, key, ref, f"no such commit in {url}")
         return ref
     if ref in BRANCH_LIKE:
-        raise BadInput(where, "source.git.ref", ref, "a branch moves: pin a tag (with its commit) or a full commit SHA")
+        raise BadInput(where, key, ref, "a branch moves: pin a tag (with its commit) or a full commit SHA")
     sha = _rev(mirror, f"refs/tags/{ref}")
     if sha is None:
         _fetch_mirror(mirror, url)
@@ -330,8 +330,7 @@ class _Fetched:
     exclude: tuple[str, ...] = ()
 
 
-def _read_exclude(value: object, where: str) -> tuple[str, ...]:
-    key = f"source.git.{gitsparse.KEY}"
+def _read_exclude(value: object, where: str, key: str = f"source.git.{gitsparse.KEY}") -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
@@ -375,12 +374,12 @@ def fetch_git(
 
 
 def _checkout(mirror: Path, url: str, sha: str, dest: Path, submodules: bool, prefix: str, where: str,
-              exclude: tuple[str, ...] = ()) -> list:
+              exclude: tuple[str, ...] = (), exclude_key: str = f"source.git.{gitsparse.KEY}") -> list:
     if not _rev(mirror, f"refs/farm/{sha}"):
         with FileLock(str(mirror) + ".lock"):
             _git(["update-ref", f"refs/farm/{sha}", sha], cwd=mirror)
     own = tuple(p for p in exclude if not _under_gitlink(p, mirror, sha))
-    _clone_with_blobs(mirror, url, sha, dest, own, prefix, where)
+    _clone_with_blobs(mirror, url, sha, dest, own, prefix, where, exclude_key)
     if own:
         # Non-cone sparse checkout: git never reads an excluded blob (gitsparse.sparse_spec).
         (dest / ".git" / "info").mkdir(exist_ok=True)
@@ -408,7 +407,7 @@ def _under_gitlink(pattern: str, repo: Path, sha: str) -> bool:
 
 
 def _clone_with_blobs(mirror: Path, url: str, sha: str, dest: Path, exclude: tuple[str, ...],
-                      prefix: str, where: str) -> None:
+                      prefix: str, where: str, exclude_key: str) -> None:
     """A no-checkout clone of the mirror that holds every blob the checkout of `sha` reads.
 
     The mirror is blobless (or older and complete): the blobs `sha` needs, minus the excluded
@@ -431,7 +430,7 @@ def _clone_with_blobs(mirror: Path, url: str, sha: str, dest: Path, exclude: tup
         hint = ", ".join(f"'{prefix}{f.lstrip('/') if prefix else f}'" for f in folders[:4])
         raise SourceError(shorten(
             f"{where}: {url} @ {sha[:12]}: {len(paths)} file(s) of the checkout are missing upstream "
-            f"({shown}): if the build never reads them, list them under source.git.{gitsparse.KEY} "
+            f"({shown}): if the build never reads them, list them under {exclude_key} "
             f"(e.g. {hint})", 600))
 
 
@@ -781,22 +780,42 @@ def _inside(root: Path, rel: object, where: str, key: str) -> Path:
 
 
 def fetch_extra_sources(work_dir: Path, items: Iterable[Mapping], *, where: str = "recipe") -> tuple:
-    """`[{url, sha256, dest}]`: archives are extracted into `dest` (single top folder removed),
-    other files are written to `dest`. Each is cached by its sha256 and checked before use."""
+    """Each item is an archive `{url, sha256, dest}` or a pinned git tree `{git, commit, dest, exclude?}`.
+
+    Archives are cached by their sha256 and checked before use, then extracted into `dest`
+    (single top folder removed); other files are written to `dest`. A git tree goes through the
+    main source's mirror and checkout (same cache, same `exclude` handling) at exactly `commit`."""
     done = []
     for i, item in enumerate(items or ()):
         key = f"extra_sources[{i}]"
-        if not isinstance(item, Mapping) or not item.get("url"):
-            raise BadInput(where, key, item, "expected {url, sha256, dest}")
-        url = item["url"]
-        sha256 = _check_sha256(item.get("sha256"), where, f"{key}.sha256")
+        is_git = isinstance(item, Mapping) and "git" in item
+        if not isinstance(item, Mapping) or not (item.get("git") if is_git else item.get("url")):
+            raise BadInput(where, key, item, "expected {url, sha256, dest} or {git, commit, dest, exclude?}")
+        if is_git:
+            url, commit = item["git"], item.get("commit")
+            if not isinstance(url, str):
+                raise BadInput(where, f"{key}.git", url, "expected a repository URL")
+            if not isinstance(commit, str) or not FULL_SHA.match(commit):
+                # A tag could be moved upstream; only a commit names the tree for good.
+                raise BadInput(where, f"{key}.commit", commit, "expected a full 40-hex commit SHA (no tag)")
+            patterns = _read_exclude(item.get(gitsparse.KEY), where, f"{key}.{gitsparse.KEY}")
+        else:
+            url = item["url"]
+            sha256 = _check_sha256(item.get("sha256"), where, f"{key}.sha256")
         target = _inside(Path(work_dir), item.get("dest"), where, f"{key}.dest")
-        cached = _download(url, sources_cache() / "extra" / sha256 / _archive_name(url), sha256, where, f"{key}.sha256")
         if target.exists() and (not target.is_dir() or any(target.iterdir())):
             raise BadInput(where, f"{key}.dest", item.get("dest"), "already exists in the source tree")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
             target.rmdir()
+        if is_git:
+            mirror = _ensure_mirror(url)
+            sha = _resolve_ref(mirror, url, commit, where, f"{key}.commit")
+            _checkout(mirror, url, sha, target, False, prefix="", where=where, exclude=patterns,
+                      exclude_key=f"{key}.{gitsparse.KEY}")
+            done.append((str(item["dest"]), url, sha))
+            continue
+        cached = _download(url, sources_cache() / "extra" / sha256 / _archive_name(url), sha256, where, f"{key}.sha256")
         if cached.name.lower().endswith(ARCHIVE_SUFFIXES):
             extract_archive(cached, target, strip_top=True)
         else:
