@@ -14,8 +14,10 @@ import selectors
 import shutil
 import signal
 import struct
+import sys
 import tempfile
 import time
+import traceback
 import zipfile
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 from hostile import assert_one_line_refusal, tree_state
 from wheelhouse_fixtures import make_wheel, rezip, run_farm
 
+from farm.errors import FarmError
 from farm.wheelhouse import check_links, publish, read_journal, verify
 from farm.wheelhouse import manifest as manifest_module
 from farm.wheelhouse.recover import recover
@@ -327,21 +330,34 @@ WRITERS = 8
 LABELS = ["cu128torch2.8", "cu128torch2.9", "cu130torch2.13", "cu128", "cu130"]
 
 
+REFUSED, FAILED = 2, 3
+
+
 def _writer(house: Path, wheels: list[Path], fault_at: int | None, fd: int) -> int:
     """Fork a child that publishes `wheels`, reporting each write step on `fd`; exit 137 at step
-    `fault_at` (FARM_WHEELHOUSE_FAULT_AT), 0 when published, 1 when refused."""
+    `fault_at` (FARM_WHEELHOUSE_FAULT_AT), 0 when published, REFUSED when publish refused as it must
+    after a crash (asking for `farm index recover`), FAILED on anything else (its traceback on stderr)."""
     pid = os.fork()
     if pid:
         return pid
+    code = FAILED
     try:
         manifest_module._steps = 0
         os.environ["FARM_WHEELHOUSE_STEP_FD"] = str(fd)
         if fault_at:
             os.environ["FARM_WHEELHOUSE_FAULT_AT"] = str(fault_at)
         publish(wheels, house)
-        os._exit(0)
+        code = 0
+    except FarmError as exc:
+        if "farm index recover" in str(exc):
+            code = REFUSED
+        else:
+            traceback.print_exc()
     except BaseException:
-        os._exit(1)
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def test_hundreds_of_kills_at_step_boundaries_and_random_points_with_eight_writers_lose_nothing(tmp_path):
@@ -409,7 +425,10 @@ def _kill_rounds(tmp_path: Path, rng: random.Random, seed: int) -> None:
             elif os.waitstatus_to_exitcode(status) == 0:
                 done.update(w.name for w in c["wheels"])
             else:
-                refused += 1   # a torn journal with unlisted wheels: refused until recover
+                # REFUSED: a torn journal with unlisted wheels, refused until recover. Anything else is a
+                # real publish error (its traceback is in the captured stderr).
+                assert os.waitstatus_to_exitcode(status) == REFUSED, (seed, rounds, os.waitstatus_to_exitcode(status))
+                refused += 1
         assert check_links(house) == [], (seed, rounds)   # a crash never leaves a broken link
         if verify(house):
             recover(house)
