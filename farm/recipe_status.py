@@ -33,9 +33,25 @@ def records_dir() -> Path:
 
 
 def status_cell_id(recipe) -> str:
-    """The recipe's cell on cu130 / torch 2.13 / Python 3.12 / linux."""
+    """The recipe's cell on cu130 / torch 2.13 / Python 3.12 / linux, when the recipe has it.
+
+    A recipe whose own `combinations` or `max_torch` stop before torch 2.13 on CUDA 13.0 gets its
+    newest CUDA 13.0 torch instead (Python 3.12 there, else that row's newest Python): the id always
+    names a cell `farm plan --package` lists, unless the recipe has no CUDA 13.0 linux cell at all."""
+    from .cells import recipe_cells
+    from .grid import load_grid, load_pcwm
+    from .policy import load_defaults
+    from .versions import vtuple
+
     torch = STATUS_TORCH if recipe.links_torch else None
-    return cell_id(recipe.name, STATUS_CUDA, torch, STATUS_PYTHON, STATUS_PLATFORM, recipe.wheel_abi)
+    wanted = cell_id(recipe.name, STATUS_CUDA, torch, STATUS_PYTHON, STATUS_PLATFORM, recipe.wheel_abi)
+    cells = [c for c in recipe_cells(recipe, load_defaults(), load_grid(), load_pcwm())
+             if c.cuda == STATUS_CUDA and c.platform == STATUS_PLATFORM]
+    if not cells or any(c.id == wanted for c in cells):
+        return wanted
+    best = max(cells, key=lambda c: (c.torch == STATUS_TORCH, vtuple(c.torch), c.python == STATUS_PYTHON,
+                                     vtuple(c.python)))
+    return best.id
 
 
 def _now() -> str:
