@@ -467,6 +467,18 @@ def update(root: Path, before: Site | None, after: Site, projects: Iterable[str]
     return sorted(k for k in changed if any(f in written for f in _page_files(k, after.kind[k])))
 
 
+def unpaged(root: Path, summaries: dict[str, Summary], lines: dict[str, list[str]]) -> list[str]:
+    """Projects of the journal missing one of their own pages (a publisher died between its journal append
+    and its pages). One stat per (project, root): cheap next to rendering, so every publish can afford it."""
+    missing = []
+    for project, summary in summaries.items():
+        pages = [f"{r}/{project}/index.html" for r in project_roots(summary, lines)]
+        pages += [f"{COMPAT}/{folder}/index.html" for folder in summary.folders]
+        if not all((root / page).is_file() for page in pages):
+            missing.append(project)
+    return sorted(missing)
+
+
 def existing_counts(root: Path) -> dict[str, int]:
     """Wheels listed now on disk, per project page and per root, counted from the pages themselves."""
     out: dict[str, int] = {}

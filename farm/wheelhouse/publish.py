@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 from ..errors import BadInput
 from ..paths import display
 from ..versions import minor_of
-from .index import FILES, Config, House, Site, channel_lines, update
+from .index import FILES, Config, House, Site, channel_lines, unpaged, update
 from .maintain import file_sha256, files_not_a_folder, unaccounted
 from .manifest import (
     MANIFEST,
@@ -337,9 +337,18 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             idx.appended(records)
             result.published = new_entries
             lines_after = channel_lines(idx.summaries.values(), config)
+            # A publisher killed between its journal append and its pages left projects the journal lists
+            # but whose pages are missing: a root page this publish rewrites would link them. They arrive
+            # now, in full, with the channels they open.
+            healed = unpaged(root, idx.summaries, lines_after)
+            for q in healed:
+                before_entries[q] = []
+                sums_before.pop(q, None)
+            if healed:
+                lines_before = channel_lines(sums_before.values(), config)
             # A new channel lists the torch-free wheels of its line: those projects' pages change too.
             moved = {c for c in lines_before.keys() | lines_after.keys() if lines_before.get(c) != lines_after.get(c)}
-            affected = projects | {q for q, s in idx.summaries.items() if moved & set(s.free)}
+            affected = projects | set(healed) | {q for q, s in idx.summaries.items() if moved & set(s.free)}
             before = Site(House.derive([e for q in sorted(affected) for e in (before_entries[q] if q in before_entries else idx.entries(q))],
                                        config, lines_before), sums_before)
             after = Site(House.derive([e for q in sorted(affected) for e in idx.entries(q)], config, lines_after),
