@@ -167,19 +167,19 @@ def test_a_bad_exclude_in_a_recipe_is_one_line(tmp_path, case, lines, needle):
 
 
 def test_exclude_is_part_of_the_recipe_and_its_build_key(tmp_path):
-    folder = tmp_path / "recipes"
-    folder.mkdir()
+    # One recipe name in three folders: the name is keyed too, so only `exclude` may tell the digests apart.
     paths = {}
-    for name, extra in (("plain", ""), ("narrow", "    exclude: ['/assets/*.png']\n"),
-                        ("wide", "    exclude: [assets/]\n")):
-        paths[name] = folder / f"{name}.yml"
-        paths[name].write_text(header(name) + extra)
+    for variant, extra in (("plain", ""), ("narrow", "    exclude: ['/assets/*.png']\n"),
+                           ("wide", "    exclude: [assets/]\n")):
+        folder = tmp_path / variant / "recipes"
+        folder.mkdir(parents=True)
+        paths[variant] = folder / "pkg.yml"
+        paths[variant].write_text(header("pkg") + extra)
     defaults = load_defaults()
     recipes = {n: load_recipe(p, defaults) for n, p in paths.items()}
     assert recipes["plain"].source.exclude == () and recipes["narrow"].source.exclude == ("/assets/*.png",)
     assert recipes["wide"].source.plain() == {"git": {"url": "https://github.com/example/pkg.git", "ref": "v1.0.0",
                                                       "exclude": ["assets/"]}}
     assert "exclude" not in recipes["plain"].source.plain()["git"]
-    keys = KeyMaker(defaults, recipes)
-    digests = {n: keys.recipe_digest(n) for n in recipes}
+    digests = {n: KeyMaker(defaults, {"pkg": r}).recipe_digest("pkg") for n, r in recipes.items()}
     assert len(set(digests.values())) == 3, digests
