@@ -36,3 +36,17 @@ def tree_state(root: Path) -> dict[str, tuple[int, int]]:
             st = p.lstat()
             state[str(p.relative_to(root))] = (st.st_size if not p.is_dir() else 0, st.st_mtime_ns)
     return state
+
+
+def assert_recipe_check_refuses(tmp_path: Path, text: str, needle: str) -> None:
+    """`farm recipes check --dir` on a folder holding only `pkg.yml` with `text`: one line naming the file
+    and `needle`, exit 2, nothing written."""
+    from farmcli import run_farm
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "pkg.yml").write_text(text)
+    before = tree_state(tmp_path)
+    res = run_farm("recipes", "check", "--dir", str(folder), timeout=60)
+    assert_one_line_refusal(res, 2, f"farm: {folder}/pkg.yml: {needle}")
+    assert tree_state(tmp_path) == before

@@ -12,8 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from farmcli import run_farm
-from hostile import assert_one_line_refusal, tree_state
+from hostile import assert_recipe_check_refuses
 from test_source import commit, git, make_repo, prep
 
 from farm.buildkey import KeyMaker
@@ -157,13 +156,7 @@ BAD = [
 
 @pytest.mark.parametrize("case, lines, needle", BAD, ids=[c[0] for c in BAD])
 def test_a_bad_exclude_in_a_recipe_is_one_line(tmp_path, case, lines, needle):
-    folder = tmp_path / "recipes"
-    folder.mkdir()
-    (folder / "pkg.yml").write_text(HEADER + lines)
-    before = tree_state(tmp_path)
-    res = run_farm("recipes", "check", "--dir", str(folder), timeout=60)
-    assert_one_line_refusal(res, 2, f"farm: {folder}/pkg.yml: {needle}")
-    assert tree_state(tmp_path) == before
+    assert_recipe_check_refuses(tmp_path, HEADER + lines, needle)
 
 
 def test_exclude_is_part_of_the_recipe_and_its_build_key(tmp_path):
