@@ -16,7 +16,7 @@ import sys
 
 import nox
 
-from farm.plan import session_index
+from farm.recipes.plan import session_index
 
 nox.options.default_venv_backend = "none"
 

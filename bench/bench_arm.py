@@ -41,8 +41,8 @@ def _build(cell: str, out: Path) -> dict:
 
 
 def _why_not() -> str | None:
-    from farm import images
-    from farm.engine import Engine
+    from farm.runners import images
+    from farm.runners.engine import Engine
 
     if images.host_arch() != "x86_64":
         return "not an x86_64 host: nothing is emulated here"

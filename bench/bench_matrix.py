@@ -11,9 +11,9 @@ from pathlib import Path
 
 import requests
 
-from farm.grid import derive, render_grid_yaml, render_phantoms_json
+from farm.matrix.grid import derive, render_grid_yaml, render_phantoms_json
+from farm.matrix.upstream import scrape
 from farm.policy import load_defaults
-from farm.upstream import scrape
 
 from .figures import Figure, median_time
 

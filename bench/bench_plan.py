@@ -54,7 +54,7 @@ def _time_to_mark(argv, cwd, mark: Path, env=None) -> float:
 
 
 def run() -> list[Figure]:
-    from farm.plan import full_plan, session_index
+    from farm.recipes.plan import full_plan, session_index
 
     cells = full_plan().cells
     session_index()  # warm the cached session index, as any second call would find it

@@ -33,9 +33,9 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
 def _full_manifest(house: Path) -> int:
     """manifest.jsonl with one entry per cell of the full grid, keyed as `farm run --runner host` keys it."""
-    from farm.buildkey import KeyMaker
-    from farm.plan import full_plan
-    from farm.run import Contexts
+    from farm.recipes.buildkey import KeyMaker
+    from farm.recipes.plan import full_plan
+    from farm.run.scheduler import Contexts
     from farm.wheelhouse import ManifestEntry
 
     plan = full_plan()
@@ -121,7 +121,7 @@ DISO_SDIST_SHA256 = "2ada1c21b84f72fdcec6abc3c4e09200824a7cc9d5de9623a28052e8b1f
 
 def prewarm_environments() -> None:
     """The axis measures compiles, not environment builds."""
-    from farm.environments import EnvRequest, base_environment, download_environment
+    from farm.build.environments import EnvRequest, base_environment, download_environment
     from farm.runners.host import HostRunner
 
     runner = HostRunner()
@@ -180,7 +180,7 @@ def collapse_figures() -> list[Figure]:
     cell per row instead of one per Python. Cells of the collapsing recipes vs the same recipes per Python."""
     import dataclasses
 
-    from farm.plan import full_plan
+    from farm.recipes.plan import full_plan
 
     plan = full_plan()
     collapsing = sorted(n for n, r in plan.recipes.items() if r.wheel_abi != "cpython")

@@ -1,6 +1,6 @@
 """The verify gate's arch check on torch's largest CUDA library, against cuobjdump on the same file.
 
-Subject: `farm.fatbin.read_fatbin` + the (kind, sm, variant) set, on the largest
+Subject: `farm.arch.fatbin.read_fatbin` + the (kind, sm, variant) set, on the largest
 libtorch_cuda*.so of PyPI's torch 2.13.0 (CUDA 13.0, x86_64). Baseline, same run:
 `cuobjdump --list-elf --list-ptx` (PyPI's nvidia-cuda-cuobjdump 13.x) on that file.
 Goal: the pure reader at least as fast (ratio <= 1).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import subprocess
 
-from farm.fatbin import read_fatbin
-from farm.pam_measure import extract_torch_libs
+from farm.arch.fatbin import read_fatbin
+from farm.arch.pam import extract_torch_libs
 
 from .figures import Figure, median_time
 

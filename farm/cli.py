@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from .errors import FarmError
+from farm.errors import FarmError
 
 # One line per command group; the order is the order of `farm --help`.
 COMMAND_MODULES = (

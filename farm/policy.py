@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from . import paths
-from .archlist import ArchList, ArchToken, parse_token
-from .errors import BadInput
-from .platforms import PLATFORMS
-from .versions import vtuple
-from .yamlio import load_yaml
+from farm import paths
+from farm.arch.archlist import ArchList, ArchToken, parse_token
+from farm.errors import BadInput
+from farm.platforms import PLATFORMS
+from farm.versions import vtuple
+from farm.yamlio import load_yaml
 
 ARCH_POLICY_FILE = "arch_policy.yml"
 GRID_POLICY_FILE = "python_cuda_torch_os_policy.yml"

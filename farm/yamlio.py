@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import BadInput, shorten
-from .paths import display
+from farm.errors import BadInput, shorten
+from farm.paths import display
 
 # libyaml's parser when PyYAML has it (its wheels do): ~5x faster on the recipes every process reads.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

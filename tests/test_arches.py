@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from farmcli import copy_defaults, run_farm
 
-from farm.arches import ArchOverrides, fallback_hazards, resolve
-from farm.archlist import ArchList
+from farm.arch.archlist import ArchList
+from farm.arch.resolve import ArchOverrides, fallback_hazards, resolve
 from farm.errors import BadInput, NoSuchCell
 from farm.policy import load_defaults
 
@@ -188,7 +188,7 @@ def test_bad_defaults_are_one_line_naming_file_key_value(tmp_path, file, old, ne
 
 def test_the_policy_peak_gb_per_job_may_be_fractional_like_a_recipes(tmp_path):
     from farm.policy import load_defaults
-    from farm.recipes import load_recipes
+    from farm.recipes.recipe import load_recipes
 
     folder = copy_defaults(tmp_path)
     path = folder / "python_cuda_torch_os_policy.yml"

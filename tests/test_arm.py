@@ -24,9 +24,9 @@ import yaml
 from farmcli import run_farm
 from wheel_builder import demo_extension
 
-from farm import emulation
+from farm.arch.fatbin import read_fatbin
 from farm.errors import BadInput
-from farm.fatbin import read_fatbin
+from farm.runners import emulation
 
 PROJECT = Path(__file__).resolve().parent.parent
 ARM_CELL = "farm_demo-cu130-torch2.13-py311-aarch64"
@@ -151,8 +151,8 @@ def test_an_arm_cell_on_the_x86_host_runner_is_refused_in_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def emulated_build(tmp_path_factory):
-    from farm import images
-    from farm.engine import Engine
+    from farm.runners import images
+    from farm.runners.engine import Engine
 
     if images.host_arch() == "x86_64" and images.load_image("aarch64", Engine.detect()) is None:
         pytest.fail("no aarch64 builder image: run `make test-arm` (it runs setup-qemu and builds the image)")

@@ -24,8 +24,8 @@ import pytest
 from farmcli import PROJECT, run_farm
 from wheel_builder import demo_extension
 
-from farm.fatbin import read_fatbin
-from farm.label import read_wheel_metadata
+from farm.arch.fatbin import read_fatbin
+from farm.build.label import read_wheel_metadata
 
 CELL = "farm_demo-cu130-torch2.13-py311"
 EXPECTED_SASS = {75, 80, 86, 90, 100, 120}
@@ -65,7 +65,7 @@ def build_demo_cell(runner: str, out: Path) -> tuple[dict, Path]:
 @pytest.mark.slow
 @pytest.mark.container
 def test_container_build_of_the_demo_cell(tmp_path):
-    from farm.images import load_image
+    from farm.runners.images import load_image
 
     record, wheel = build_demo_cell("container", tmp_path / "out")
     image = load_image("x86_64")
@@ -245,7 +245,7 @@ def test_setup_py_opening_a_socket_fails_the_compile(recipes, tmp_path, runner):
 
 
 def import_check_children(python: str) -> list[int]:
-    """Processes running farm.verify's import child (started with the compile step) in a torch environment
+    """Processes running farm.build.verify's import child (started with the compile step) in a torch environment
     of `python`: the test's cells use a Python that other builds on this machine (e.g. the cu130 py3.12
     status builds) do not, so their import children are not mistaken for the test's."""
     found = []

@@ -17,7 +17,7 @@ from farmcli import PROJECT, run_farm
 from hostile import assert_one_line_refusal, tree_state
 from wheel_builder import demo_extension
 
-from farm.fatbin import read_fatbin
+from farm.arch.fatbin import read_fatbin
 
 CELL = "farm_demo-cu130-torch2.13-py311"
 DEMO_LIST = "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"
@@ -56,8 +56,8 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     build_json = json.loads((out / "build.json").read_text())
 
     # its key is not the full cell's: the arch list is in the key
-    from farm.buildkey import KeyMaker, context_for
-    from farm.plan import cell_plan
+    from farm.recipes.buildkey import KeyMaker, context_for
+    from farm.recipes.plan import cell_plan
 
     os.environ["FARM_RECIPES"] = str(recipes)
     try:
@@ -182,8 +182,8 @@ def _record(folder: Path, name: str, **fields) -> None:
 
 
 def test_status_table_from_records_every_recipe_and_column(tmp_path):
-    from farm.recipe_status import COLUMNS
-    from farm.recipes import load_recipes
+    from farm.recipes.recipe import load_recipes
+    from farm.recipes.status import COLUMNS
 
     names = sorted(load_recipes())
     records = tmp_path / "records"
@@ -228,7 +228,7 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
 def test_the_committed_status_page_is_what_the_records_generate(tmp_path):
     """Every row built from a committed record reads as the records say (recipes' pins and patches move
     under other hands meanwhile: a not-built row only has to exist)."""
-    from farm.recipes import load_recipes
+    from farm.recipes.recipe import load_recipes
 
     out = tmp_path / "recipe-status.md"
     res = run_farm("recipes", "status", "--out", str(out))
@@ -309,7 +309,7 @@ def _cu12_recipes(tmp_path) -> Path:
 
 @pytest.mark.parametrize("runner", ["host", "container", "nox"])
 def test_a_cu128_cell_without_a_cuda_12_8_toolkit_is_refused_before_any_download(tmp_path, runner):
-    from farm.toolkit import find_system_toolkit
+    from farm.build.toolkit import find_system_toolkit
 
     if find_system_toolkit("12.8")[0] is not None:
         pytest.skip("a CUDA 12.8 toolkit is installed here")

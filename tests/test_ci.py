@@ -20,8 +20,8 @@ import yaml
 from farmcli import PROJECT, run_farm
 from wheelhouse_fixtures import make_wheel
 
-from farm.ci import MAX_JOBS_PER_MATRIX, SELF_HOSTED_LABELS
-from farm.plan import full_plan
+from farm.recipes.plan import full_plan
+from farm.run.ci import MAX_JOBS_PER_MATRIX, SELF_HOSTED_LABELS
 
 ACTIONLINT = Path(sys.executable).with_name("actionlint")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.compile import CompileFailed, compile_wheel
+from farm.build.compile import CompileFailed, compile_wheel
 
 BACKEND = '''
 import os, zipfile
@@ -77,7 +77,7 @@ setup(name="plain", version="1.0", py_modules=["plain"])
 def test_a_setup_py_source_builds_with_each_python_the_farm_uses(tmp_path, version):
     # On 3.10 setuptools replaces distutils through a shim that importing pip switches off: the
     # frontend must import nothing but the backend (a pyenv Python with its bundled setuptools).
-    from farm.images import pyenv_prefixes
+    from farm.runners.images import pyenv_prefixes
 
     base = next((p / "bin" / "python3" for p in pyenv_prefixes() if p.name.startswith(version + ".")), None)
     if base is None:
@@ -98,7 +98,7 @@ def test_a_setup_py_source_builds_with_each_python_the_farm_uses(tmp_path, versi
 # ---------------------------------------------------------------- the flags tier's reading of nvcc calls
 
 def test_nvcc_targets_reads_every_spelling_of_a_target():
-    from farm.compile import nvcc_targets
+    from farm.build.compile import nvcc_targets
 
     assert nvcc_targets(["-c", "a.cu", "-gencode=arch=compute_80,code=sm_80",
                          "-gencode", "arch=compute_90,code=[sm_90,compute_90]"]) == {"sm_80", "sm_90", "compute_90"}
@@ -112,8 +112,8 @@ def test_nvcc_targets_reads_every_spelling_of_a_target():
 
 
 def test_flags_report_names_what_is_missing_and_extra(tmp_path):
-    from farm.archlist import ArchList
-    from farm.compile import flags_report, flags_summary, read_nvcc_calls, record_nvcc_calls
+    from farm.arch.archlist import ArchList
+    from farm.build.compile import flags_report, flags_summary, read_nvcc_calls, record_nvcc_calls
 
     # the wrapper itself, with a stand-in for nvcc that only says it ran
     real = tmp_path / "real-nvcc"
@@ -153,7 +153,7 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
 
 
 def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
-    from farm.compile import compile_wheel
+    from farm.build.compile import compile_wheel
 
     marker = f"farm-test-sleeper-{os.getpid()}"
     src = source(tmp_path, BACKEND.replace(

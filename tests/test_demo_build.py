@@ -1,6 +1,6 @@
 """Step 4 on the bundled demo: a real nvcc (NVIDIA's PyPI CUDA 13.0 wheels) compiles
 examples/farm-demo against the real torch 2.13.0 (CUDA 13.0) base environment, on the host,
-for exactly the requested arch list. The fatbin is read by farm.fatbin and cross-checked
+for exactly the requested arch list. The fatbin is read by farm.arch.fatbin and cross-checked
 with NVIDIA's cuobjdump (PyPI nvidia-cuda-cuobjdump). No GPU: the import runs with none visible.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from wheel_builder import demo_extension
 
-from farm import environments as E
-from farm import toolkit as T
-from farm.archlist import ArchList
-from farm.compile import CompileFailed, compile_environment, compile_wheel
-from farm.downloads import download
-from farm.fatbin import read_fatbin
+from farm.arch.archlist import ArchList
+from farm.arch.fatbin import read_fatbin
+from farm.build import environments as E
+from farm.build import toolkit as T
+from farm.build.compile import CompileFailed, compile_environment, compile_wheel
+from farm.build.downloads import download
 from farm.paths import PROJECT_ROOT, cache_dir
 
 PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
@@ -153,7 +153,7 @@ def test_a_compile_error_fails_with_the_compiler_line_and_the_log(tmp_path, torc
 
 
 def test_the_demo_recipe_loads_in_the_spec_6_vocabulary():
-    from farm.recipes import load_recipe
+    from farm.recipes.recipe import load_recipe
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "farm_demo.yml")
     assert recipe.name == "farm_demo" and recipe.links_torch is True
     assert [str(r) for r in recipe.requires_dist] == ["numpy"]

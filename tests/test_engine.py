@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from farm import images
-from farm.engine import Engine, EngineUnavailable, Limits, Mount, ensure_engine
+from farm.runners import images
+from farm.runners.engine import Engine, EngineUnavailable, Limits, Mount, ensure_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.container]
 PROJECT = Path(__file__).resolve().parent.parent

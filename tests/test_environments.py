@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from farm import downloads as D
-from farm import environments as E
-from farm.downloads import DownloadSet
+from farm.build import downloads as D
+from farm.build import environments as E
+from farm.build.downloads import DownloadSet
 
 PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 REQ = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="13.0", platform="linux")

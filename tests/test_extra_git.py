@@ -17,11 +17,11 @@ from hostile import assert_recipe_check_refuses
 from test_source import commit, git, make_repo, prep, src
 from test_source_exclude import drop_blob
 
-from farm.buildkey import KeyMaker
+from farm.build.source import SourceError
 from farm.errors import BadInput
 from farm.policy import load_defaults
-from farm.recipes import load_recipe
-from farm.source import SourceError
+from farm.recipes.buildkey import KeyMaker
+from farm.recipes.recipe import load_recipe
 
 FAKE_URL = "https://example.invalid/vendor/eigen.git"
 
@@ -177,7 +177,7 @@ def test_a_git_extra_source_is_part_of_the_build_key_and_an_archive_keys_as_befo
 
 def test_the_farms_own_source_step_reads_a_git_extra_source_from_the_recipe(vendor, main_repo, tmp_path):
     """build._recipe_spec hands the recipe's raw entries to the steps: the git form goes through."""
-    from farm.build import _recipe_spec
+    from farm.build.cell import _recipe_spec
 
     _, old, _ = vendor
     repo, sha = main_repo

@@ -100,8 +100,8 @@ def entries(house: Path) -> list:
 
 def keys_of(house: Path, monkeypatch, recipes: Path, *cells: str) -> list[str]:
     """Build keys as `farm build --runner host` computes them against `house`."""
-    from farm.buildkey import KeyMaker, context_for
-    from farm.plan import cell_plan
+    from farm.recipes.buildkey import KeyMaker, context_for
+    from farm.recipes.plan import cell_plan
 
     monkeypatch.setenv("FARM_RECIPES", str(recipes))
     out = []
@@ -133,8 +133,8 @@ def test_a_missing_dependency_wheel_is_refused_in_one_line_before_any_work(tmp_p
 
 
 def test_a_torch_free_dependency_is_looked_up_by_its_cuda_line_wheel(tmp_path, monkeypatch):
-    from farm.farmdeps import farm_wheels
-    from farm.plan import cell_plan
+    from farm.build.farmdeps import farm_wheels
+    from farm.recipes.plan import cell_plan
 
     recipes = write_recipes(tmp_path, dep_links_torch=False)
     house = tmp_path / "house"

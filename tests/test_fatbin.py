@@ -27,8 +27,8 @@ from wheel_factory import (
     torch_cuda_wheel,
 )
 
-from farm.fatbin import FatbinError, read_fatbin
-from farm.pam_measure import extract_torch_libs
+from farm.arch.fatbin import FatbinError, read_fatbin
+from farm.arch.pam import extract_torch_libs
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ import json
 import pytest
 from farmcli import run_farm
 
-from farm.coverage import DEAD, NATIVE
-from farm.find import channel_verdict, channels, find
-from farm.grid import load_grid
+from farm.arch.coverage import DEAD, NATIVE
+from farm.arch.find import channel_verdict, channels, find
+from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
 
 

@@ -10,7 +10,7 @@ import pytest
 from farmcli import PROJECT, copy_defaults, run_farm
 
 from farm.errors import BadInput, FarmError
-from farm.grid import (
+from farm.matrix.grid import (
     GRID_FILE,
     PCWM_FILE,
     PHANTOMS_FILE,

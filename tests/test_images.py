@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from farm import images
-from farm.engine import Engine, Mount, ensure_engine
 from farm.errors import BadInput
+from farm.runners import images
+from farm.runners.engine import Engine, Mount, ensure_engine
 
 PROJECT = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ import pytest
 from packaging.utils import parse_wheel_filename
 from wheel_builder import build_wheel
 
+from farm.build.label import label_wheel, read_wheel_metadata, substitute_requires
 from farm.errors import BadInput
-from farm.label import label_wheel, read_wheel_metadata, substitute_requires
 
 REQUIRES = [
     "numpy>=1.0",

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from farm import cachebudget, repair
-from farm import toolkit as T
-from farm.verify import libcuda_stub_dir
+from farm.build import repair
+from farm.build import toolkit as T
+from farm.build.verify import libcuda_stub_dir
+from farm.run import cachebudget
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,7 @@ def test_two_processes_adding_the_stub_at_once_leave_one_whole_stub(tmp_path):
     header = tmp_path / "cuda.h"
     header.write_text("".join(f"CUresult CUDAAPI cuFn{i}(void);\n" for i in range(3000)))
     home = fake_complete_toolkit(tmp_path / "cache", header)
-    code = "import sys; from farm import toolkit as T; T.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), T.host_arch())"
+    code = "import sys; from farm.build import toolkit as T; T.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), T.host_arch())"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(home)], stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     for p in procs:

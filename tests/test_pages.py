@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from wheelhouse_fixtures import make_wheel, served
 
-from farm.find import find
-from farm.grid import load_grid
+from farm.arch.find import find
+from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
 from farm.wheelhouse import publish
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from farmcli import PROJECT, run_farm
 
-from farm.buildkey import BuildContext, KeyMaker
 from farm.errors import BadInput
-from farm.grid import load_grid
-from farm.plan import cell_plan, full_plan, in_shard, shard_of
+from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
-from farm.recipes import load_recipes
+from farm.recipes.buildkey import BuildContext, KeyMaker
+from farm.recipes.plan import cell_plan, full_plan, in_shard, shard_of
+from farm.recipes.recipe import load_recipes
 
 
 @pytest.fixture(scope="module")

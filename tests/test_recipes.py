@@ -15,19 +15,19 @@ from types import MappingProxyType
 import pytest
 import yaml
 
-from farm.archlist import ArchList
+from farm.arch.archlist import ArchList
+from farm.build.source import FULL_SHA
 from farm.errors import BadInput
-from farm.grid import load_grid
+from farm.matrix.grid import load_grid
 from farm.paths import PROJECT_ROOT
 from farm.policy import load_defaults
-from farm.recipes import (
+from farm.recipes.recipe import (
     built_lines,
     check_recipes,
     load_recipe,
     load_recipes,
     recipe_hazards,
 )
-from farm.source import FULL_SHA
 
 FACTS = PROJECT_ROOT.parent / "shared" / "facts" / "packages.yml"
 RECIPES = PROJECT_ROOT / "recipes"

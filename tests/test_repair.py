@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from wheel_builder import build_shared_lib, pack_ext_wheel
 
-from farm.errors import BadInput
-from farm.repair import (
+from farm.build.repair import (
     RepairError,
     drop_build_rpaths,
     exclusions,
@@ -21,7 +20,8 @@ from farm.repair import (
     repair_wheel,
     torch_env_sonames,
 )
-from farm.verify import record_problems
+from farm.build.verify import record_problems
+from farm.errors import BadInput
 
 
 @pytest.fixture(scope="module")

@@ -172,7 +172,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 def _containers_mounting(path: str) -> list[str]:
     """Containers (running or not) with a mount from under `path`: the container runner's steps."""
-    from farm.engine import Engine
+    from farm.runners.engine import Engine
 
     engine = Engine.available()
     if engine is None:
@@ -227,7 +227,7 @@ def assert_report_agrees_with_manifest(house: Path) -> dict[str, dict]:
 def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(tmp_path):
     """The py312 cell is interrupted while its compile step runs (it waits on an event, not a timer):
     the report and the manifest agree, nothing of the cell is left running, the restart builds only it."""
-    from farm.ccache import group_dir
+    from farm.build.ccache import group_dir
 
     src, recipes = tmp_path / "held-src", tmp_path / "recipes"
     shutil.copytree(DEMO, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
@@ -282,7 +282,7 @@ def test_an_interrupted_cell_whose_wheel_was_published_is_reported_built(tmp_pat
     record must follow the manifest (the next run skips that cell), not the child's exit."""
     from wheelhouse_fixtures import make_wheel
 
-    from farm.run import CellRun, reconcile_with_wheelhouse
+    from farm.run.scheduler import CellRun, reconcile_with_wheelhouse
     from farm.wheelhouse import publish
 
     house = tmp_path / "house"
@@ -329,7 +329,7 @@ with open({log!r}, "a") as fh:
 pid = os.getppid()
 while pid > 1:
     with open(f"/proc/{{pid}}/cmdline", "rb") as fh:
-        if b"farm.steps" in fh.read():
+        if b"farm.build.steps" in fh.read():
             os.kill(pid, signal.SIGKILL)
             break
     with open(f"/proc/{{pid}}/stat") as fh:
@@ -427,8 +427,8 @@ def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
     import io
     from types import SimpleNamespace
 
-    from farm.run import CellRun, RunResult
-    from farm.run_report import Display
+    from farm.run.report import Display
+    from farm.run.scheduler import CellRun, RunResult
 
     stream = io.StringIO()
     display = Display(plain=False, stream=stream)

@@ -1,6 +1,6 @@
 """Both runners run the same entrypoint and differ only in mounts, limits and network.
 
-farm/steps.py is written elsewhere; these tests give the runners a tiny entrypoint
+farm/build/steps.py is written elsewhere; these tests give the runners a tiny entrypoint
 module of their own (`probe_steps`, placed on PYTHONPATH through a mount), which
 imports the farm's dependencies (so the container's tools environment is real) and
 then does what its arguments say.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.engine import Limits, Mount, ensure_engine
 from farm.errors import BadInput
 from farm.runners import OUT_TARGET, WORK_TARGET, get_runner
+from farm.runners.engine import Limits, Mount, ensure_engine
 from farm.runners.host import HostRunner
 
 pytestmark = [pytest.mark.slow]
@@ -134,7 +134,7 @@ def test_both_runners_run_the_same_entrypoint_with_mounts_and_exit_codes(kind, c
 def test_container_sees_the_project_read_only(container, probe_dir, tmp_path):
     mounts, env = _mounts(container, tmp_path, probe_dir)
     engine, image = container.engine, container.image
-    out = engine.output(image.ref, ["sh", "-c", "test -f /farm/project/farm/steps.py -o -f /farm/project/farm/engine.py "
+    out = engine.output(image.ref, ["sh", "-c", "test -f /farm/project/farm/build/steps.py -o -f /farm/project/farm/runners/engine.py "
                                     "&& echo seen; touch /farm/project/x 2>/dev/null && echo writable || echo ro"],
                         mounts=mounts)
     assert out.split() == ["seen", "ro"]

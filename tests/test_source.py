@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from farm.build.source import PatchFailed, UnsafeArchive, prepare_source, tree_digest
 from farm.errors import BadInput, FarmError
-from farm.source import PatchFailed, UnsafeArchive, prepare_source, tree_digest
 
 
 def git(cwd, *args):

@@ -15,11 +15,11 @@ import pytest
 from hostile import assert_recipe_check_refuses
 from test_source import commit, git, make_repo, prep
 
-from farm.buildkey import KeyMaker
+from farm.build.source import SourceError
 from farm.errors import BadInput
 from farm.policy import load_defaults
-from farm.recipes import load_recipe
-from farm.source import SourceError
+from farm.recipes.buildkey import KeyMaker
+from farm.recipes.recipe import load_recipe
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The status cell of a recipe (farm/recipe_status.py `status_cell_id`): cu130 / torch 2.13 /
+"""The status cell of a recipe (farm/recipes/status.py `status_cell_id`): cu130 / torch 2.13 /
 Python 3.12 / linux, or, for a recipe whose own rows stop before torch 2.13 on CUDA 13.0, its
 newest CUDA 13.0 torch, so that the status table and `farm recipes block` name a cell the real
 `farm plan --package` lists."""
@@ -11,8 +11,8 @@ import pytest
 from farmcli import run_farm
 
 from farm.policy import load_defaults
-from farm.recipe_status import status_cell_id
-from farm.recipes import load_recipe
+from farm.recipes.recipe import load_recipe
+from farm.recipes.status import status_cell_id
 
 HEAD = "name: {name}\nlinks_torch: {links}\nsource:\n  git:\n    url: https://github.com/example/{name}.git\n" \
        "    ref: v1.0.0\n"

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from farm import toolkit as T
-from farm.archlist import ArchList
+from farm.arch.archlist import ArchList
+from farm.build import toolkit as T
 from farm.errors import BadInput
 
 

@@ -16,9 +16,9 @@ from farmcli import PROJECT, run_farm
 from replay_server import copy_replay, refused_url, serve
 
 from farm.errors import UpstreamUnreadable
-from farm.grid import DEFAULT_SOURCE, PCWM_FILE, derive, load_pcwm_file
+from farm.matrix.grid import DEFAULT_SOURCE, PCWM_FILE, derive, load_pcwm_file
+from farm.matrix.upstream import Fetcher, discover_lines, parse_wheel, scrape
 from farm.policy import load_defaults
-from farm.upstream import Fetcher, discover_lines, parse_wheel, scrape
 
 COMMITTED = PROJECT / "defaults" / PCWM_FILE
 

@@ -40,9 +40,8 @@ from wheel_factory import (
     session_builder,
 )
 
-from farm.archlist import ArchList
-from farm.recipes import AllowedMissing
-from farm.verify import (
+from farm.arch.archlist import ArchList
+from farm.build.verify import (
     CHECKS,
     Expectation,
     GateCannotRun,
@@ -52,6 +51,7 @@ from farm.verify import (
     verify_wheel,
     wheel_file_problems,
 )
+from farm.recipes.recipe import AllowedMissing
 
 INIT = b"from . import _probe\n"
 
@@ -356,7 +356,7 @@ def test_farm_verify_cell_takes_the_promise_from_the_plan(tmp_path, mod):
 @pytest.fixture(scope="session")
 def torch_env():
     """The cell's base environment: PyPI's torch 2.13.0 for CUDA 13.0 (built once in the farm cache)."""
-    from farm.environments import EnvRequest, base_environment, download_environment
+    from farm.build.environments import EnvRequest, base_environment, download_environment
 
     req = EnvRequest(python=f"{sys.version_info[0]}.{sys.version_info[1]}", torch_pin="2.13.0", cuda="13.0")
     download_environment(req)
@@ -387,7 +387,7 @@ def test_torch_linked_wheel_imports_after_torch_and_its_ops_are_checked(tmp_path
 
 @pytest.mark.slow
 def test_an_import_child_started_before_the_wheel_gives_the_same_verdict(tmp_path, mod, torch_env):
-    """farm.steps starts the import check's child with the compile (torch imports beside it)."""
+    """farm.build.steps starts the import check's child with the compile (torch imports beside it)."""
     wheel = probe_wheel(tmp_path, mod["8.0"], version="1.0+cu130torch2.13")
     promised = expect("8.0", local_label="cu130torch2.13", links_torch=True)
     early = ImportChild.for_environment(torch_env, import_torch=True)

@@ -174,7 +174,7 @@ def farm_find_command(url: str, pypi: str) -> list[str]:
     """The install command `farm find` prints, pointed at the loopback farm and the fake PyPI."""
     from types import SimpleNamespace
 
-    from farm.find import PYPI_SIMPLE, Channel, install_command
+    from farm.arch.find import PYPI_SIMPLE, Channel, install_command
 
     recipe = SimpleNamespace(name="drtk", version="0.1.0", links_torch=True)
     import os

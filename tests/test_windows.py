@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 from farmcli import run_farm
 
-from farm import windows
-from farm.archlist import ArchList
-from farm.compile import compile_environment
-from farm.repair import repair_wheel
-from farm.toolkit import Toolkit
+from farm.arch.archlist import ArchList
+from farm.build import windows
+from farm.build.compile import compile_environment
+from farm.build.repair import repair_wheel
+from farm.build.toolkit import Toolkit
 
 WIN_CELL = "farm_demo-cu130-torch2.13-py311-win"
 
@@ -55,7 +55,7 @@ def test_refusal_only_for_windows_cells_off_windows():
 
 
 def test_check_buildable_here_raises_the_builds_exit_2_error():
-    from farm.build import NotBuildableHere
+    from farm.build.cell import NotBuildableHere
 
     cell = SimpleNamespace(id=WIN_CELL, platform="windows")
     with pytest.raises(NotBuildableHere) as err:

@@ -25,9 +25,9 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from farm.cachebudget import flocked
-from farm.downloads import isolated_pip_env
+from farm.build.downloads import isolated_pip_env
 from farm.paths import cache_dir
+from farm.run.cachebudget import flocked
 
 NVCC = os.environ.get("FARM_TEST_NVCC", "/usr/local/bin/nvcc")
 GCC = os.environ.get("CC", "gcc")
@@ -261,7 +261,7 @@ def as_cuobjdump_sees(entries) -> Counter:
 
 def assert_folder_agrees_with_cuobjdump(folder: Path) -> int:
     """Every .so under `folder` lists the same entries (as cuobjdump spells them) in both readers."""
-    from farm.fatbin import read_fatbin
+    from farm.arch.fatbin import read_fatbin
 
     checked = 0
     for so in sorted(Path(folder).rglob("*.so")):
@@ -321,7 +321,7 @@ def session_builder(tmp_path_factory) -> ModuleBuilder:
 
 def torch_cuda_wheel() -> Path:
     """PyPI's torch 2.13.0 for CUDA 13.0, x86_64, cp311 (downloaded once into cache_dir()/downloads)."""
-    from farm.downloads import download
+    from farm.build.downloads import download
 
     got = download(["torch==2.13.0"], python="3.11", platform="linux", no_deps=True)
     wheel = got.file_for("torch")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..arches import NO_OVERRIDES, resolve
-from ..archlist import ArchList
-from ..errors import NoSuchCell
-from ..platforms import lane
-from ..policy import clamp, load_defaults
-from ..versions import minor_of, vtuple
-from .common import Known, add_platform, load_recipe_arch, print_json
+from farm.arch.archlist import ArchList
+from farm.arch.resolve import NO_OVERRIDES, resolve
+from farm.commands.common import Known, add_platform, load_recipe_arch, print_json
+from farm.errors import NoSuchCell
+from farm.platforms import lane
+from farm.policy import clamp, load_defaults
+from farm.versions import minor_of, vtuple
 
 
 def register(sub) -> None:
@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def explain(cuda: str, torch: str, platform: str, package: str | None = None, arch_list: str | None = None):
-    from ..grid import load_grid
+    from farm.matrix.grid import load_grid
 
     defaults = load_defaults()
     grid = load_grid(defaults.folder)
@@ -44,7 +44,7 @@ def explain(cuda: str, torch: str, platform: str, package: str | None = None, ar
         # An explicit list still has no ARM cell on a line without an ARM row.
         if lane(platform) == "aarch64":
             resolve(cuda, torch, platform, defaults)
-        from ..arches import Resolution
+        from farm.arch.resolve import Resolution
 
         return Resolution(explicit.normalised(), "--arch-list", lane(platform), cuda, torch)
     if recipe is not None:

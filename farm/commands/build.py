@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runners import RUNNER_KINDS
+from farm.runners import RUNNER_KINDS
 
 
 def register(sub) -> None:
@@ -32,8 +32,8 @@ def register(sub) -> None:
 
 
 def build_command(args) -> int:
-    from ..build import build_cell
-    from .common import output_dir
+    from farm.build.cell import build_cell
+    from farm.commands.common import output_dir
 
     output_dir(args.out, "--out")
     output_dir(args.wheelhouse, "--wheelhouse")
@@ -51,7 +51,7 @@ def build_command(args) -> int:
 
 
 def _minutes(args) -> float | None:
-    from ..errors import BadInput
+    from farm.errors import BadInput
 
     if args.minutes is None:
         return None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import empty_selection, output_dir
-from .plan import add_filters, filters_of, selected
+from farm.commands.common import empty_selection, output_dir
+from farm.commands.plan import add_filters, filters_of, selected
 
 
 def register(sub) -> None:
@@ -27,8 +27,8 @@ def register(sub) -> None:
 
 
 def github_command(args) -> int:
-    from ..ci import actionlint_config, github_workflows
-    from ..yamlio import write_atomic
+    from farm.run.ci import actionlint_config, github_workflows
+    from farm.yamlio import write_atomic
 
     output_dir(args.out, "--out")
     plan, cells, shard = selected(args)   # every value known before anything is written
@@ -58,7 +58,7 @@ def actionlint_path(out: Path) -> Path:
 
 
 def outputs_command(args) -> int:
-    from ..ci import missing_outputs
+    from farm.run.ci import missing_outputs
 
     plan, cells, _ = selected(args)
     for line in missing_outputs(plan, cells, args.group, args.layout, args.wheelhouse):

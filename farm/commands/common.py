@@ -8,10 +8,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput
-from ..platforms import PLATFORMS
-from ..policy import Defaults
-from ..versions import vtuple
+from farm.errors import BadInput
+from farm.platforms import PLATFORMS
+from farm.policy import Defaults
+from farm.versions import vtuple
 
 
 def did_you_mean(value: str, known) -> str:
@@ -76,8 +76,8 @@ class Known:
     def of(cls, defaults: Defaults, recipes: dict | None = None, grid=None) -> Known:
         """CUDA lines from the toolkit table; torch minors and Pythons from the grid and every recipe's
         own combinations (which may name rows the grid lacks)."""
-        from ..grid import load_grid
-        from ..versions import minor_of
+        from farm.matrix.grid import load_grid
+        from farm.versions import minor_of
 
         grid = grid if grid is not None else load_grid(defaults.folder)
         torches = {r.torch for r in grid.rows}
@@ -109,7 +109,7 @@ def _ordered(values) -> tuple[str, ...]:
 def check_selection(args, defaults: Defaults | None = None, recipes: dict | None = None, grid=None) -> Known:
     """Refuse every unknown --package/--cuda/--torch/--python of `args` (absent options are skipped;
     --platform is checked while parsing). The one validator behind plan, run, ci, arch, coverage, find."""
-    from ..policy import load_defaults
+    from farm.policy import load_defaults
 
     def many(name):
         value = getattr(args, name, None)
@@ -117,7 +117,7 @@ def check_selection(args, defaults: Defaults | None = None, recipes: dict | None
 
     defaults = defaults or load_defaults()
     if recipes is None and (many("package") or many("torch") or many("python")):
-        from ..recipes import load_recipes
+        from farm.recipes.recipe import load_recipes
 
         recipes = load_recipes(defaults=defaults)
     known = Known.of(defaults, recipes, grid)
@@ -187,7 +187,7 @@ def print_json(data) -> None:
 
 def load_recipe_arch(name: str):
     """A recipe's arch overrides by name (recipes live in recipes/<name>.yml)."""
-    from ..recipes import load_recipes  # recipes are optional for the policy-only commands
+    from farm.recipes.recipe import load_recipes  # recipes are optional for the policy-only commands
 
     recipes = load_recipes()
     if name not in recipes:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..coverage import DEAD, JIT, NATIVE, UNKNOWN, device_for_sm
-from ..errors import BadInput
-from ..find import coverage_rows, find
-from ..policy import load_defaults
-from ..versions import vtuple
-from .common import (
+from farm.arch.coverage import DEAD, JIT, NATIVE, UNKNOWN, device_for_sm
+from farm.arch.find import coverage_rows, find
+from farm.commands.common import (
     add_platform,
     check_selection,
     check_version,
@@ -18,6 +15,9 @@ from .common import (
     print_json,
     unknown,
 )
+from farm.errors import BadInput
+from farm.policy import load_defaults
+from farm.versions import vtuple
 
 MARK = {NATIVE: "N", JIT: "J", UNKNOWN: "?", DEAD: "x"}
 
@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 
 def _grid():
-    from ..grid import load_grid
+    from farm.matrix.grid import load_grid
 
     return load_grid()
 
@@ -89,7 +89,7 @@ def coverage_command(args) -> int:
 
 def _recipe(args, defaults, selection=None):
     """The --package recipe (or None), once every selected value (of `selection`, default `args`) is known."""
-    from ..recipes import load_recipes
+    from farm.recipes.recipe import load_recipes
 
     recipes = load_recipes(defaults=defaults)
     check_selection(selection or args, defaults, recipes)

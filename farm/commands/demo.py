@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runners import RUNNER_KINDS
+from farm.runners import RUNNER_KINDS
 
 
 def register(sub) -> None:
     parser = sub.add_parser("demo", help="build farm_demo for a real cell, publish it, install it from the index")
-    parser.add_argument("--cell", help="default: farm.demo.DEMO_CELL (farm_demo-cu130-torch2.13-py311)")
+    parser.add_argument("--cell", help="default: farm.run.demo.DEMO_CELL (farm_demo-cu130-torch2.13-py311)")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers")
     parser.add_argument("--wheelhouse", type=Path)
     parser.add_argument("--build-dir", type=Path,
@@ -18,8 +18,8 @@ def register(sub) -> None:
 
 
 def demo_command(args) -> int:
-    from ..demo import run_demo
-    from .common import output_dir
+    from farm.commands.common import output_dir
+    from farm.run.demo import run_demo
 
     output_dir(args.wheelhouse, "--wheelhouse")
     output_dir(args.build_dir, "--build-dir")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import images
-from ..engine import Engine
+from farm.runners import images
+from farm.runners.engine import Engine
 
 
 def register(sub) -> None:
@@ -41,8 +41,8 @@ def base_command(args) -> int:
 
 def build_command(args) -> int:
     if args.cuda:   # a typo would name an image tag and a dnf package that do not exist
-        from ..policy import load_defaults
-        from .common import check_cuda
+        from farm.commands.common import check_cuda
+        from farm.policy import load_defaults
 
         check_cuda(args.cuda, load_defaults())
     arch = args.arch or images.host_arch()

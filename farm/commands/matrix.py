@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import paths
-from ..errors import UpstreamUnreadable
-from ..grid import (
+from farm import paths
+from farm.commands.common import output_dir, output_file
+from farm.errors import UpstreamUnreadable
+from farm.matrix.grid import (
     DEFAULT_SOURCE,
     GRID_FILE,
     PCWM_FILE,
@@ -19,11 +20,10 @@ from ..grid import (
     unsupported_lines,
     write_grid,
 )
-from ..pages.matrix import write_matrix
-from ..policy import load_defaults
-from .common import output_dir, output_file
+from farm.pages.matrix import write_matrix
+from farm.policy import load_defaults
 
-# farm.upstream (requests) and farm.watch are imported by the verbs that use them: every
+# farm.matrix.upstream (requests) and farm.matrix.watch are imported by the verbs that use them: every
 # `farm` command registers this module, and none of the others should pay for requests.
 
 
@@ -59,7 +59,7 @@ def _warn(message: str) -> None:
 
 
 def scrape_command(args) -> int:
-    from ..upstream import TIMEOUT, Fetcher, scrape, write_pcwm
+    from farm.matrix.upstream import TIMEOUT, Fetcher, scrape, write_pcwm
 
     defaults = load_defaults()
     out = output_file(args.out, "--out") or defaults.folder / PCWM_FILE
@@ -96,7 +96,7 @@ def derive_command(args) -> int:
 
 
 def watch_command(args) -> int:
-    from ..watch import EXIT_UNREADABLE, watch
+    from farm.matrix.watch import EXIT_UNREADABLE, watch
 
     try:
         report = watch(args.index_url)

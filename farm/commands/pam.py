@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import paths
-from ..pam_measure import measure, write_measurement
-from ..policy import PAM_MEASURED_FILE, load_defaults
-from .common import output_file, print_json
+from farm import paths
+from farm.arch.pam import measure, write_measurement
+from farm.commands.common import output_file, print_json
+from farm.policy import PAM_MEASURED_FILE, load_defaults
 
 
 def register(sub) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from ..plan import Filters, full_plan, in_shard, parse_shard
-from ..platforms import PLATFORMS
-from .common import check_selection, empty_selection, input_dir, platform_value, print_json
+from farm.commands.common import check_selection, empty_selection, input_dir, platform_value, print_json
+from farm.platforms import PLATFORMS
+from farm.recipes.plan import Filters, full_plan, in_shard, parse_shard
 
 
 def add_filters(parser) -> None:
@@ -35,9 +35,9 @@ def register(sub) -> None:
 
 def planned(args):
     """The plan, once every selected value is known (a typo is refused before anything is derived)."""
-    from ..grid import load_grid
-    from ..policy import load_defaults
-    from ..recipes import load_recipes
+    from farm.matrix.grid import load_grid
+    from farm.policy import load_defaults
+    from farm.recipes.recipe import load_recipes
 
     defaults = load_defaults()
     recipes = load_recipes(defaults=defaults)
@@ -53,7 +53,7 @@ def selected(args):
     plan = planned(args)
     cells = in_shard(plan.select(filters_of(args)), shard)
     if getattr(args, "missing", False):
-        from ..run import missing_cells
+        from farm.run.scheduler import missing_cells
 
         cells = missing_cells(plan, cells, getattr(args, "wheelhouse", None))
     return plan, cells, shard
@@ -71,7 +71,7 @@ def plan_command(args) -> int:
                      "arch_list": c.arch.arch_list.torch(), "tags": list(c.tags)} for c in cells])
         return 0
     if args.format == "github":
-        from ..ci import github_matrix
+        from farm.run.ci import github_matrix
 
         print_json(github_matrix(cells))
         return 0

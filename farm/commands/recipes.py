@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from .. import paths
-from ..policy import load_defaults
-from ..recipes import check_recipes, load_recipes
-from .common import print_json
+from farm import paths
+from farm.commands.common import print_json
+from farm.policy import load_defaults
+from farm.recipes.recipe import check_recipes, load_recipes
 
 
 def register(sub) -> None:
@@ -21,7 +21,7 @@ def register(sub) -> None:
     listing = verbs.add_parser("list", help="one line per recipe: torch axis, wheel ABI, platforms, source")
     listing.add_argument("--format", choices=("table", "json"), default="table")
     listing.set_defaults(func=list_command)
-    from ..recipe_status import register_verbs
+    from farm.recipes.status import register_verbs
 
     register_verbs(verbs)   # status, block, rebuild
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import BadInput
-from ..runners import RUNNER_KINDS
-from .common import check_selection, empty_selection, output_dir
-from .plan import add_filters, filters_of
+from farm.commands.common import check_selection, empty_selection, output_dir
+from farm.commands.plan import add_filters, filters_of
+from farm.errors import BadInput
+from farm.runners import RUNNER_KINDS
 
 
 def register(sub) -> None:
@@ -28,9 +28,9 @@ def register(sub) -> None:
 
 
 def run_command(args) -> int:
-    from ..emulation import emulated_concurrency
-    from ..plan import parse_shard
-    from ..run import RunOptions, run_farm
+    from farm.recipes.plan import parse_shard
+    from farm.run.scheduler import RunOptions, run_farm
+    from farm.runners.emulation import emulated_concurrency
 
     for name in ("jobs", "arm_jobs"):
         value = getattr(args, name)

@@ -13,12 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..archlist import ArchList
-from ..errors import BadInput, FarmError, shorten
-from ..verify import Expectation, GateCannotRun, cell_expectation, verify_wheel
-from ..versions import cuda_tag, python_tag
-from ..yamlio import write_atomic
-from .common import add_platform, check_version, output_file
+from farm.arch.archlist import ArchList
+from farm.build.verify import Expectation, GateCannotRun, cell_expectation, verify_wheel
+from farm.commands.common import add_platform, check_version, output_file
+from farm.errors import BadInput, FarmError, shorten
+from farm.versions import cuda_tag, python_tag
+from farm.yamlio import write_atomic
 
 
 def register(sub) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..wheelhouse.paths import default_wheelhouse
+from farm.wheelhouse.paths import default_wheelhouse
 
 
 def _add_house(parser) -> None:
@@ -63,7 +63,7 @@ def register(sub) -> None:
 
 
 def publish_command(args) -> int:
-    from ..wheelhouse import publish
+    from farm.wheelhouse import publish
 
     result = publish(args.wheels, _house(args), record=args.record)
     for e in result.published:
@@ -81,7 +81,7 @@ def publish_command(args) -> int:
 
 
 def rebuild_command(args) -> int:
-    from ..wheelhouse import rebuild
+    from farm.wheelhouse import rebuild
 
     result = rebuild(_house(args), allow_shrink=args.allow_shrink)
     for file in result.missing:
@@ -91,7 +91,7 @@ def rebuild_command(args) -> int:
 
 
 def pages_command(args) -> int:
-    from ..pages.find import write_site
+    from farm.pages.find import write_site
 
     for path in write_site(_house(args)):
         print(f"wrote {path}")
@@ -99,7 +99,7 @@ def pages_command(args) -> int:
 
 
 def verify_command(args) -> int:
-    from ..wheelhouse import verify
+    from farm.wheelhouse import verify
 
     problems = verify(_house(args))
     for line in problems:
@@ -112,7 +112,7 @@ def verify_command(args) -> int:
 
 
 def recover_command(args) -> int:
-    from ..wheelhouse.recover import recover
+    from farm.wheelhouse.recover import recover
 
     r = recover(_house(args))
     if r.torn:
@@ -137,7 +137,7 @@ def recover_command(args) -> int:
 
 
 def merge_command(args) -> int:
-    from ..wheelhouse.merge import merge
+    from farm.wheelhouse.merge import merge
 
     result = merge(args.stagings, _house(args))
     for file in result.published:
@@ -148,7 +148,7 @@ def merge_command(args) -> int:
 
 
 def prune_command(args) -> int:
-    from ..wheelhouse import prune
+    from farm.wheelhouse import prune
 
     result = prune(_house(args), args.before)
     for file in result.removed:
@@ -159,8 +159,8 @@ def prune_command(args) -> int:
 
 
 def serve_command(args) -> int:
-    from ..errors import BadInput
-    from ..wheelhouse.serve import serve
+    from farm.errors import BadInput
+    from farm.wheelhouse.serve import serve
 
     # Read here, not by argparse's type=int, whose refusal is a usage block and not one line.
     port = args.port.strip()

@@ -4,15 +4,15 @@ Three sections, static HTML, every string escaped, no scripts:
 - the arch policy per CUDA line (x86 lane and ARM lane) and its exceptions (SPEC 4);
 - the PAM: torch's own arch list per (torch, CUDA, platform) (SPEC 1, 5);
 - coverage: per platform, a row per device and a column per channel, each cell native / JIT-only /
-  unknown / dead by SPEC 5's rules (farm.find.coverage_rows), with the deciding reason as a tooltip;
+  unknown / dead by SPEC 5's rules (farm.arch.find.coverage_rows), with the deciding reason as a tooltip;
   devices marked current that a channel leaves dead are flagged.
 """
 
 from __future__ import annotations
 
-from ..platforms import PLATFORMS
-from ..versions import cuda_tag, vtuple
-from .matrix import _e
+from farm.pages.matrix import _e
+from farm.platforms import PLATFORMS
+from farm.versions import cuda_tag, vtuple
 
 SHORT = {"native": "N", "jit-only": "J", "unknown": "?", "dead": "\u2717"}
 _STYLE = """
@@ -68,7 +68,7 @@ def _pam(defaults) -> list[str]:
 
 
 def _coverage(defaults, grid) -> list[str]:
-    from ..find import coverage_rows
+    from farm.arch.find import coverage_rows
 
     out = ['<h2 id="coverage">Coverage per device</h2>',
            "<p>Each cell: the verdict of the policy's arch list on that channel for that device "

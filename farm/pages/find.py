@@ -3,7 +3,7 @@
 The farm decides, the page only looks up. `find.json`, written beside the
 page, holds every channel (from the grid) and, for the policy's arch lists
 and for each recipe, every device's verdict on every channel, computed by
-farm.find / farm.coverage with SPEC 5's rules. The page's inline script
+farm.arch.find / farm.arch.coverage with SPEC 5's rules. The page's inline script
 filters those by platform, Python, GPU (name or sm), CUDA and torch, orders
 them as `farm find` does (native first, then JIT-only; newest torch, then
 newest CUDA), falls back as `farm find` does when an installed torch has no
@@ -18,10 +18,10 @@ import json
 from html import escape
 from pathlib import Path
 
-from ..errors import FarmError
-from ..platforms import PLATFORMS
-from ..versions import cuda_tag
-from ..wheelhouse.index import write_files
+from farm.errors import FarmError
+from farm.platforms import PLATFORMS
+from farm.versions import cuda_tag
+from farm.wheelhouse.index import write_files
 
 PLATFORM_LABELS = {"linux": "Linux x86_64", "windows": "Windows x86_64", "linux_aarch64": "Linux aarch64 (ARM)"}
 CODES = {"native": "n", "jit-only": "j", "unknown": "u", "dead": "d"}
@@ -31,7 +31,7 @@ NOT_THERE = "-"      # the device does not live on the channel's platform
 
 def find_data(defaults, grid, recipes: dict | None = None) -> dict:
     """Everything the find page shows, as plain data: channels, devices, verdicts, reasons, fallbacks."""
-    from ..find import PYPI_SIMPLE, channel_verdict, channels
+    from farm.arch.find import PYPI_SIMPLE, channel_verdict, channels
 
     all_channels = channels(defaults, grid)
     index = {(c.cuda, c.torch, c.platform): i for i, c in enumerate(all_channels)}
@@ -288,11 +288,11 @@ def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) ->
     (the find page reads packages/<project>.json live), so publishing never
     rewrites them; `farm index pages` does.
     """
-    from ..grid import load_grid, load_pcwm
-    from ..policy import load_defaults
-    from ..recipes import load_recipes
-    from .archs import render_archs
-    from .matrix import render_matrix
+    from farm.matrix.grid import load_grid, load_pcwm
+    from farm.pages.archs import render_archs
+    from farm.pages.matrix import render_matrix
+    from farm.policy import load_defaults
+    from farm.recipes.recipe import load_recipes
 
     defaults = defaults or load_defaults()
     grid = grid or load_grid(defaults.folder)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from ..grid import Grid, Pcwm, torch_key
-from ..platforms import PLATFORMS, to_pcwm
-from ..versions import cuda_tag, minor_of, vtuple
-from ..yamlio import write_atomic
+from farm.matrix.grid import Grid, Pcwm, torch_key
+from farm.platforms import PLATFORMS, to_pcwm
+from farm.versions import cuda_tag, minor_of, vtuple
+from farm.yamlio import write_atomic
 
 MARKS = {"linux": "L", "windows": "W", "linux_aarch64": "A"}
 _NONE = '<span class="none">&middot;</span>'

@@ -1,4 +1,4 @@
-"""Where build steps run. Both runners run the SAME entrypoint, `python -m farm.steps <args>`
+"""Where build steps run. Both runners run the SAME entrypoint, `python -m farm.build.steps <args>`
 (SPEC 8.1); they differ only in mounts, limits and network:
 
 - `container` (farm/runners/container.py): the builder image through the engine; every
@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..engine import Limits, Mount
-from ..paths import PROJECT_ROOT, cache_dir
+from farm.paths import PROJECT_ROOT, cache_dir
+from farm.runners.engine import Limits, Mount
 
 __all__ = ["Mount", "Limits", "StepResult", "Runner", "get_runner", "RUNNER_KINDS",
            "PROJECT_TARGET", "WORK_TARGET", "OUT_TARGET", "CACHE_TARGET", "STANDARD_CACHES"]
 
 RUNNER_KINDS = ("container", "host")
-ENTRYPOINT_MODULE = "farm.steps"
+ENTRYPOINT_MODULE = "farm.build.steps"
 # The step-side layout inside a container (the image creates these folders).
 PROJECT_TARGET = "/farm/project"
 WORK_TARGET = "/farm/work"
@@ -62,7 +62,7 @@ class Runner:
 
     def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts: list[Mount] = (),
                  network: bool = True, log_path: Path | None = None, timeout: float | None = None) -> StepResult:
-        """Run `python -m farm.steps <argv>`; output (stdout+stderr) is appended to log_path.
+        """Run `python -m farm.build.steps <argv>`; output (stdout+stderr) is appended to log_path.
 
         Returns (exit_code, log_path). A timeout gives exit code 124. An out-of-memory
         kill shows as 137; callers decide what that means (SPEC 8.4).
@@ -115,22 +115,22 @@ class Runner:
 
 def default_kind() -> str:
     """The runner when none is asked for: container when an engine answers, else host."""
-    from ..engine import Engine
+    from farm.runners.engine import Engine
 
     return "container" if Engine.available() else "host"
 
 
 def get_runner(kind: str | None = None, arch: str | None = None, **kw) -> Runner:
     """`container` or `host`; None = default_kind()."""
-    from ..errors import BadInput
+    from farm.errors import BadInput
 
     kind = kind or default_kind()
     if kind == "container":
-        from .container import ContainerRunner
+        from farm.runners.container import ContainerRunner
 
         return ContainerRunner(arch=arch, **kw)
     if kind == "host":
-        from .host import HostRunner
+        from farm.runners.host import HostRunner
 
         return HostRunner(arch=arch, **kw)
     raise BadInput("farm build", "--runner", kind, f"must be one of {', '.join(RUNNER_KINDS)}")

@@ -22,11 +22,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .. import images
-from ..engine import Engine, Limits, Mount
-from ..errors import FarmError
-from ..paths import PROJECT_ROOT, cache_dir
-from . import CACHE_TARGET, PROJECT_TARGET, WORK_TARGET, Runner
+from farm.errors import FarmError
+from farm.paths import PROJECT_ROOT, cache_dir
+from farm.runners import CACHE_TARGET, PROJECT_TARGET, WORK_TARGET, Runner, images
+from farm.runners.engine import Engine, Limits, Mount
 
 TOOLS_TARGET = "/farm/tools"
 
@@ -162,7 +161,7 @@ class ContainerRunner(Runner):
             all_mounts.append(Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True))
         if self.arch != images.host_arch():
             # qemu-user shows the guest the host's x86 CPU files; torch segfaults parsing them.
-            from ..emulation import fake_arm_cpu
+            from farm.runners.emulation import fake_arm_cpu
 
             all_mounts += [Mount(src, dst, read_only=True) for src, dst in fake_arm_cpu(cache_dir() / "emulation")]
         # FARM_IN_CONTAINER: the toolkit step names an installed toolkit `image`, not `system`.

@@ -16,10 +16,9 @@ import subprocess
 import sys
 from functools import lru_cache
 
-from .. import images
-from ..errors import BadInput
-from ..paths import PROJECT_ROOT
-from . import WORK_TARGET, Runner
+from farm.errors import BadInput
+from farm.paths import PROJECT_ROOT
+from farm.runners import WORK_TARGET, Runner, images
 
 
 @lru_cache(maxsize=1)

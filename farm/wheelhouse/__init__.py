@@ -10,12 +10,20 @@ Public API:
   read_journal(wheelhouse).entries -> list[ManifestEntry]
 """
 
-from .index import Config, House, ShrinkRefused, channel_root
-from .maintain import PruneResult, RebuildResult, built_keys, check_links, prune, rebuild, verify
-from .manifest import ManifestEntry, PublishConflict, read_journal
-from .names import WheelName, normalize, parse_wheel_name
-from .publish import PublishResult, publish
-from .recover import RecoverResult, recover
+from farm.wheelhouse.index import Config, House, ShrinkRefused, channel_root
+from farm.wheelhouse.maintain import (
+    PruneResult,
+    RebuildResult,
+    built_keys,
+    check_links,
+    prune,
+    rebuild,
+    verify,
+)
+from farm.wheelhouse.manifest import ManifestEntry, PublishConflict, read_journal
+from farm.wheelhouse.names import WheelName, normalize, parse_wheel_name
+from farm.wheelhouse.publish import PublishResult, publish
+from farm.wheelhouse.recover import RecoverResult, recover
 
 __all__ = [
     "Config", "House", "ManifestEntry", "PruneResult", "PublishConflict", "PublishResult", "RebuildResult", "RecoverResult",

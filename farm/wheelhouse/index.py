@@ -26,11 +26,11 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
-from ..errors import BadInput, FarmError
-from ..paths import display
-from ..versions import cuda_tag, vtuple
-from .manifest import KEEP_PER_CELL, JournalIndex, ManifestEntry, Summary, fsync_dir, step
-from .names import hyphen_name
+from farm.errors import BadInput, FarmError
+from farm.paths import display
+from farm.versions import cuda_tag, vtuple
+from farm.wheelhouse.manifest import KEEP_PER_CELL, JournalIndex, ManifestEntry, Summary, fsync_dir, step
+from farm.wheelhouse.names import hyphen_name
 
 SIMPLE = "simple"
 COMPAT = "compat/comfy-env"

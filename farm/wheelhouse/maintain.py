@@ -18,9 +18,9 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urljoin
 
-from ..errors import BadInput, FarmError, shorten
-from ..paths import display
-from .index import (
+from farm.errors import BadInput, FarmError, shorten
+from farm.paths import display
+from farm.wheelhouse.index import (
     COMPAT,
     FILES,
     SIMPLE,
@@ -32,7 +32,7 @@ from .index import (
     rebuild_pages,
     update,
 )
-from .manifest import (
+from farm.wheelhouse.manifest import (
     MANIFEST,
     _live,
     append_records,
@@ -43,7 +43,7 @@ from .manifest import (
     scan,
     step,
 )
-from .paths import default_wheelhouse
+from farm.wheelhouse.paths import default_wheelhouse
 
 _HREF = re.compile(rb'<a [^>]*href="([^"]*)"')
 
@@ -213,7 +213,7 @@ def verify(wheelhouse) -> list[str]:
         side = sidecar.read_bytes()
         if hashlib.sha256(side).hexdigest() != e.metadata_sha256:
             problems.append(f"{rel}.metadata: sha256 differs from the manifest's metadata_sha256")
-        from ..verify import ZIP_READ_ERRORS  # farm.verify's imports cost ~50 ms: only here
+        from farm.build.verify import ZIP_READ_ERRORS  # farm.build.verify's imports cost ~50 ms: only here
         try:
             with zipfile.ZipFile(wheel) as zf:
                 inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]

@@ -39,9 +39,9 @@ from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..errors import BadInput, FarmError
-from ..paths import display
-from .names import hyphen_name
+from farm.errors import BadInput, FarmError
+from farm.paths import display
+from farm.wheelhouse.names import hyphen_name
 
 MANIFEST = "manifest.jsonl"
 LOCK = ".lock"

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import BadInput
-from ..paths import display
-from .index import FILES
-from .maintain import file_sha256
-from .manifest import read_journal
-from .publish import publish
+from farm.errors import BadInput
+from farm.paths import display
+from farm.wheelhouse.index import FILES
+from farm.wheelhouse.maintain import file_sha256
+from farm.wheelhouse.manifest import read_journal
+from farm.wheelhouse.publish import publish
 
 
 @dataclass

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from ..errors import BadInput
-from ..platforms import cell_suffix, from_wheel_platform_tag
-from ..versions import cuda_from_tag
+from farm.errors import BadInput
+from farm.platforms import cell_suffix, from_wheel_platform_tag
+from farm.versions import cuda_from_tag
 
 _LABEL = re.compile(r"(cu\d{2,})(?:torch(\d+)\.(\d+))?")
 _CPYTHON = re.compile(r"cp(\d)(\d+)")

@@ -10,7 +10,7 @@ Order of writes, each one leaving an index whose every link resolves:
 A crash before 3 leaves temporaries nothing links; between 3 and 4 the pages are stale but complete, and
 publishing the same wheel again (a no-op on the journal) regenerates every page its arrival changes.
 
-Validation includes the verify gate's file checks (`farm.verify.wheel_file_problems`: member paths, links,
+Validation includes the verify gate's file checks (`farm.build.verify.wheel_file_problems`: member paths, links,
 WHEEL, RECORD hashes), not its import check. Publishing a wheel already recorded with the same sha256
 re-hashes the copy in files/: a damaged, missing or replaced copy (or sidecar) is put back atomically.
 On top of a torn, missing or empty journal a publish refuses while files/ holds a file the journal does
@@ -31,12 +31,12 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import BadInput
-from ..paths import display
-from ..versions import minor_of
-from .index import FILES, Config, House, Site, channel_lines, unpaged, update
-from .maintain import file_sha256, files_not_a_folder, unaccounted
-from .manifest import (
+from farm.errors import BadInput
+from farm.paths import display
+from farm.versions import minor_of
+from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
+from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
+from farm.wheelhouse.manifest import (
     MANIFEST,
     JournalIndex,
     ManifestEntry,
@@ -49,7 +49,7 @@ from .manifest import (
     scan,
     step,
 )
-from .names import WheelName, normalize, parse_wheel_name, served_pythons
+from farm.wheelhouse.names import WheelName, normalize, parse_wheel_name, served_pythons
 
 CHUNK = 1 << 20
 # Build-record fields with a place of their own in the entry; other short scalars go to `extra`.
@@ -167,7 +167,7 @@ def _prepare(wheel: Path, rec: dict) -> _Prepared:
     wn = parse_wheel_name(wheel.name, display(wheel))
     if not wheel.is_file():
         raise BadInput(display(wheel), None, None, "file not found")
-    from ..verify import wheel_file_problems  # the gate's file checks only; its import is ~0.1 s
+    from farm.build.verify import wheel_file_problems  # the gate's file checks only; its import is ~0.1 s
 
     problems = wheel_file_problems(wheel)
     if problems:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import BadInput
-from .index import FILES, rebuild_pages
-from .maintain import file_sha256, files_not_a_folder, house_files
-from .manifest import (
+from farm.errors import BadInput
+from farm.wheelhouse.index import FILES, rebuild_pages
+from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, house_files
+from farm.wheelhouse.manifest import (
     _REQUIRED,
     MANIFEST,
     ManifestEntry,
@@ -38,8 +38,8 @@ from .manifest import (
     unframe,
     write_journal,
 )
-from .names import parse_wheel_name
-from .publish import _check_record, _entry, _Prepared, read_metadata
+from farm.wheelhouse.names import parse_wheel_name
+from farm.wheelhouse.publish import _check_record, _entry, _Prepared, read_metadata
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RecoverResult:
 
 def _build_record(zf: zipfile.ZipFile) -> dict:
     """The wheel's own .dist-info/farm_build.json, or {} when it has none or it is not a JSON object."""
-    from ..label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
+    from farm.build.label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
     names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
     if len(names) != 1:
         return {}
@@ -71,8 +71,8 @@ def _build_record(zf: zipfile.ZipFile) -> dict:
 
 def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
-    from ..label import BUILD_INFO_NAME
-    from ..verify import wheel_file_problems
+    from farm.build.label import BUILD_INFO_NAME
+    from farm.build.verify import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
     if wn.project != project:

@@ -29,9 +29,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
-from ..errors import BadInput
-from .manifest import house_folder
-from .names import normalize
+from farm.errors import BadInput
+from farm.wheelhouse.manifest import house_folder
+from farm.wheelhouse.names import normalize
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"

@@ -1,0 +1,154 @@
+"""The compiler cache shared by the cells of a (CUDA, torch) group (SPEC 11): ccache wrapping nvcc.
+
+What the farm decides, explicitly, and records in every build record (`compiler_cache`):
+
+- nvcc goes through `PYTORCH_NVCC="ccache <the toolkit's nvcc>"` (torch's ninja files read it),
+  never `CXX="ccache g++"`, which fails torch's compiler version check;
+- C++ files: torch 2.13 prepends ccache to the C++ compiler by itself whenever ccache is on PATH
+  (`_wrap_compiler`; `TORCH_NO_COMPILER_WRAPPER=1` turns that off). With the cache on the farm
+  leaves that wrapper on, so a binding that includes torch hits on a rebuild on the same Python
+  too, with the same CCACHE_* settings. With the cache off the farm sets
+  `TORCH_NO_COMPILER_WRAPPER=1` and `CCACHE_DISABLE=1`: an image's ccache never acts silently.
+- one CCACHE_DIR per (CUDA, torch) group under cache_dir()/ccache (mounted at
+  /farm/cache/ccache in containers): objects of one group never serve another;
+- CCACHE_BASEDIR = the cell's work dir, CCACHE_NOHASHDIR, and sloppiness for what changes between
+  two builds of the same source: a fresh copy per build (include mtimes/ctimes), __FILE__ and
+  __DATE__/__TIME__, the build folder's name;
+- CCACHE_STATSLOG per build, so the record carries the per-file hit/miss of that build alone
+  (the shared counters mix concurrent builds).
+
+The step expands `{NVCC}` in the environment to the toolkit's nvcc and drops the cache (recording
+why) when the runner has no ccache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from farm import paths
+from farm.versions import cuda_tag
+
+TOOL = "ccache"
+NVCC_PLACEHOLDER = "{NVCC}"
+MAX_SIZE = "5G"   # per group; ccache evicts least recently used objects past it
+SLOPPINESS = "include_file_mtime,include_file_ctime,time_macros,file_macro,pch_defines,locale"
+
+
+def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
+    """`cu130-torch2.13`, or `cu130` for torch-free cells."""
+    return f"{cuda_tag(cuda)}-torch{torch}" if links_torch and torch else cuda_tag(cuda)
+
+
+def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
+    """cache_dir()/ccache/<group>; FARM_CCACHE_DIR replaces cache_dir()/ccache (a cold cache for benchmarks:
+    host runner only, a container mounts cache_dir()/ccache)."""
+    root = Path(os.environ["FARM_CCACHE_DIR"]) if os.environ.get("FARM_CCACHE_DIR") else paths.cache_dir() / "ccache"
+    return root / group_name(cuda, torch, links_torch)
+
+
+def find_ccache() -> str | None:
+    return shutil.which(TOOL)
+
+
+def ensure_ccache(log=print) -> str | None:
+    """ccache on this host: found on PATH, else `apt-get install -y ccache` when root on a Debian host."""
+    found = find_ccache()
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    log("ccache: not installed; apt-get install -y ccache")
+    for cmd in (["apt-get", "install", "-y", "-q", TOOL], ["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", TOOL]):
+        done = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if cmd[1] == "install" and done.returncode == 0:
+            break
+    return find_ccache()
+
+
+def cache_env(*, enabled: bool, ccache_dir: str = "", basedir: str = "", stats_log: str = "") -> dict[str, str]:
+    """The variables the compile step adds (paths as the step sees them)."""
+    if not enabled:
+        return {"TORCH_NO_COMPILER_WRAPPER": "1", "CCACHE_DISABLE": "1"}
+    return {
+        "PYTORCH_NVCC": f"{TOOL} {NVCC_PLACEHOLDER}",
+        "CCACHE_DIR": ccache_dir,
+        "CCACHE_BASEDIR": basedir,
+        "CCACHE_NOHASHDIR": "1",
+        "CCACHE_SLOPPINESS": SLOPPINESS,
+        "CCACHE_COMPILERCHECK": "content",
+        "CCACHE_MAXSIZE": MAX_SIZE,
+        "CCACHE_STATSLOG": stats_log,
+        "CCACHE_UMASK": "002",
+    }
+
+
+def decision(enabled: bool, group: str | None = None) -> dict:
+    """What the build record says about the cache (before the step adds its findings)."""
+    if not enabled:
+        return {"enabled": False, "torch_wrapper": "off (TORCH_NO_COMPILER_WRAPPER=1)", "nvcc": "nvcc"}
+    return {"enabled": True, "tool": TOOL, "group": group, "nvcc": f"PYTORCH_NVCC={TOOL} <toolkit nvcc>",
+            "torch_wrapper": "on (torch prepends ccache to the C++ compiler; TORCH_NO_COMPILER_WRAPPER unset)"}
+
+
+def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict:
+    """Inside the step: expand {NVCC}; without ccache in the runner, turn the cache off and say so."""
+    if "PYTORCH_NVCC" not in env:
+        return {"active": False}
+    exe = shutil.which(TOOL, path=env.get("PATH"))
+    if exe is None:
+        for key in [k for k in env if k.startswith("CCACHE_")] + ["PYTORCH_NVCC"]:
+            env.pop(key, None)
+        env.update(cache_env(enabled=False))
+        return {"active": False, "why": "no ccache on the runner's PATH"}
+    env["PYTORCH_NVCC"] = env["PYTORCH_NVCC"].replace(NVCC_PLACEHOLDER, str(nvcc))
+    if env.get("CCACHE_DIR"):
+        Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+    if env.get("CCACHE_STATSLOG"):
+        Path(env["CCACHE_STATSLOG"]).unlink(missing_ok=True)   # this build's lines only
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    return {"active": True, "ccache": exe, "version": version.replace("ccache version ", "").strip()}
+
+
+HIT_COUNTERS = ("direct_cache_hit", "preprocessed_cache_hit")
+
+
+def read_stats_log(path: Path | str) -> dict:
+    """Per-file outcome of one build from ccache's stats log: {hits, misses, uncacheable, files: {file: outcome}}.
+
+    The log is blocks of `# <source file>` followed by counter names; a block with a *_cache_hit
+    counter is a hit, one with cache_miss a miss, anything else an uncacheable call (named by its
+    first counter, e.g. called_for_link).
+    """
+    files: dict[str, str] = {}
+    current, counters = None, []
+
+    def close():
+        if current is None:
+            return
+        if any(c in HIT_COUNTERS for c in counters):
+            outcome = "hit"
+        elif "cache_miss" in counters:
+            outcome = "miss"
+        else:
+            outcome = f"uncacheable:{counters[0] if counters else '?'}"
+        files[current] = outcome
+
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        if line.startswith("# "):
+            close()
+            current, counters = line[2:].strip(), []
+        elif line.strip():
+            counters.append(line.strip())
+    close()
+    hits = sum(1 for v in files.values() if v == "hit")
+    misses = sum(1 for v in files.values() if v == "miss")
+    cacheable = hits + misses
+    return {"hits": hits, "misses": misses, "uncacheable": len(files) - cacheable,
+            "hit_rate": round(hits / cacheable, 3) if cacheable else None, "files": files}

@@ -1,0 +1,375 @@
+"""The compile step (SPEC 8.1 step 4): one PEP 517 `build_wheel` with an environment that says everything.
+
+`compile_environment()` builds the whole variable set from the cell's resolved
+arch list, toolkit and torch environment, starting from a small allow-list of
+the caller's variables (never the machine's PIP_* configuration).
+`compile_wheel()` calls the source's build backend in the torch environment with
+it (what `pip wheel . --no-build-isolation --no-deps` does, minus pip's separate
+metadata hook: that hook runs setup.py, and so imports torch, a second time) and
+returns the one wheel it made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from farm.arch.archlist import ArchList
+from farm.build.toolkit import Toolkit
+from farm.errors import BadInput, FarmError
+
+# Caller variables a build may legitimately need; everything else starts clean.
+PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
+                "CCACHE_DIR", "CCACHE_BASEDIR", "CC", "CXX", "CUDAHOSTCXX", "NVCC_CCBIN", "http_proxy",
+                "https_proxy", "no_proxy")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_PLACEHOLDER = re.compile(r"\{(ARCHS_TORCH|ARCHS_CMAKE|CUDA_HOME|CUDA)\}")
+
+
+class CompileFailed(FarmError):
+    exit_code = 1
+
+
+def _expand(value: str, names: Mapping[str, str], key: str) -> str:
+    """Recipe env values may use {ARCHS_TORCH} {ARCHS_CMAKE} {CUDA} {CUDA_HOME}; no shell expansion."""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise BadInput("recipe", f"env.{key}", value, "expected a string")
+    text = str(value)
+    unknown = [m for m in re.findall(r"(?<!\$)\{([A-Z][A-Z_]*)\}", text) if m not in names]
+    if unknown:
+        raise BadInput("recipe", f"env.{key}", value,
+                       f"unknown placeholder {{{unknown[0]}}} (known: {', '.join('{' + n + '}' for n in names)})")
+    return _PLACEHOLDER.sub(lambda m: names[m.group(1)], text)
+
+
+def _join(*parts) -> str:
+    out: list[str] = []
+    for p in parts:
+        for item in (p if isinstance(p, (list, tuple)) else [p]):
+            s = str(item) if item else ""
+            for piece in s.split(os.pathsep) if s else []:
+                if piece and piece not in out:
+                    out.append(piece)
+    return os.pathsep.join(out)
+
+
+def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None, cuda: str | None = None,
+                        max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
+                        recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
+                        base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every variable the compile step sets (SPEC 8.1 step 4), as one dict.
+
+    torch_env: a farm.build.environments.TorchEnv (its bin goes first on PATH; its nvidia/*/include
+    on CPATH, where torch's CUDA headers need cusparse.h/cublas_v2.h/cusolverDn.h).
+    recipe_env: the recipe's `env` (placeholders expanded); exported: what pre_build wrote to $FARM_ENV.
+    """
+    if max_jobs < 1 or nvcc_threads < 1:
+        raise BadInput("recipe", "max_jobs" if max_jobs < 1 else "nvcc_threads",
+                       max_jobs if max_jobs < 1 else nvcc_threads, "must be at least 1")
+    base = os.environ if base is None else base
+    env = {k: base[k] for k in PASS_THROUGH if k in base}
+    flags = nvcc_flags if isinstance(nvcc_flags, str) else " ".join(shlex.quote(f) for f in nvcc_flags)
+    # --threads goes LAST: nvcc takes the last occurrence, which beats a setup.py hardcode.
+    append = " ".join(p for p in (flags.strip(), f"--threads={nvcc_threads}") if p)
+    cuda_line = cuda or toolkit.line
+    torch_bin = [str(Path(torch_env.python).parent)] if torch_env is not None else []
+    includes = [str(p) for p in torch_env.nvidia_include_dirs()] if torch_env is not None else []
+    stubs = [str(p) for p in toolkit.stub_dirs()]
+    env.update({
+        "PATH": _join(torch_bin, str(toolkit.home / "bin"), SYSTEM_PATH),
+        "TORCH_CUDA_ARCH_LIST": arch_list.torch(),
+        "CUDAARCHS": arch_list.cmake(),
+        "CMAKE_CUDA_ARCHITECTURES": arch_list.cmake(),
+        "MAX_JOBS": str(max_jobs),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(max_jobs),
+        "NVCC_APPEND_FLAGS": append,
+        "FORCE_CUDA": "1",
+        "CFLAGS": "-g0",
+        "CXXFLAGS": "-g0",
+        "LIBRARY_PATH": _join(stubs, str(toolkit.lib_dir)),
+        "CPATH": _join(includes),
+        # pip must not read this machine's config (find-links with a CPU torch) nor reach an index.
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONNOUSERSITE": "1",
+    })
+    env.update(toolkit.env())
+    if torch_env is not None:
+        env["VIRTUAL_ENV"] = str(torch_env.path)
+    names = {"ARCHS_TORCH": arch_list.torch(), "ARCHS_CMAKE": arch_list.cmake(), "CUDA": cuda_line,
+             "CUDA_HOME": str(toolkit.home)}
+    for key, value in (recipe_env or {}).items():
+        env[str(key)] = _expand(value, names, str(key))
+    for key, value in (exported or {}).items():
+        env[str(key)] = str(value)
+    return {k: v for k, v in env.items() if v != ""}
+
+
+# A PEP 517 frontend run by the torch environment's Python in the source folder: the backend's
+# build_wheel hook only, called in this very process (as pyproject_hooks' in-process helper does).
+# It imports nothing but the backend: importing pip first would switch off setuptools' distutils
+# shim on Python 3.10 and fail setup.py. Once the hook has returned, the wheel is written and
+# closed: the process leaves without the interpreter's teardown, ~0.7 s once setup.py has
+# imported torch.
+PEP517_BUILD = r"""
+import importlib, json, os, sys
+backend, backend_path, wheel_dir = json.loads(sys.argv[1])
+sys.path[:0] = backend_path
+print(f"farm: PEP 517 build_wheel of {backend}", flush=True)
+module, _, attrs = backend.partition(":")
+hooks = importlib.import_module(module)
+for attr in filter(None, attrs.split(".")):
+    hooks = getattr(hooks, attr)
+name = hooks.build_wheel(wheel_dir)
+print("farm: built " + name, flush=True)
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def build_backend(source_dir: Path) -> tuple[str, list[str]]:
+    """The backend pip would choose for `source_dir` (pyproject.toml's build-system, else setuptools'
+    legacy one) and its `backend-path` folders, which PEP 517 keeps inside the source tree."""
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10
+        import tomli as tomllib
+
+    pyproject = source_dir / "pyproject.toml"
+    system = {}
+    if pyproject.is_file():
+        try:
+            system = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("build-system", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise CompileFailed(f"{pyproject}: not valid TOML: {exc}") from None
+    here = source_dir.resolve()
+    paths = []
+    for entry in system.get("backend-path", []):
+        path = (here / entry).resolve()
+        if not path.is_relative_to(here):
+            raise CompileFailed(f"{pyproject}: backend-path {entry!r} leaves the source tree")
+        paths.append(str(path))
+    return system.get("build-backend", "setuptools.build_meta:__legacy__"), paths
+
+
+def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: Mapping[str, str],
+                  out_dir: Path | str, log: Path | str, *, argv_prefix: Sequence[str] = (),
+                  timeout: float | None = None, stop_after: float | None = None) -> Path | None:
+    """The build backend's `build_wheel` in `source_dir`, run by `env_python` (no build isolation, no
+    dependencies installed: the torch environment is the build environment); the wheel in `out_dir`.
+
+    Output (stdout and stderr) goes to `log`. argv_prefix wraps the command (e.g. a network
+    namespace: ['unshare', '--net', '--map-root-user']). Exactly one wheel must come out.
+    timeout: seconds before the compile is killed and fails; stop_after: seconds before it is
+    stopped on purpose (the flags tier), returning None instead of a wheel. Either way the whole
+    process group goes (ninja, nvcc, cicc), not only the frontend.
+    """
+    source_dir, out_dir, log = Path(source_dir), Path(out_dir), Path(log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".farm-wheel-", dir=out_dir) as tmp:
+        backend, backend_path = build_backend(source_dir)
+        cmd = [*argv_prefix, str(env_python), "-c", PEP517_BUILD, json.dumps([backend, backend_path, tmp])]
+        t0 = time.monotonic()
+        with open(log, "a", encoding="utf-8") as fh:
+            shown = [c if c != PEP517_BUILD else "<farm.build.compile.PEP517_BUILD>" for c in cmd]
+            fh.write(f"$ cd {source_dir} && {' '.join(shlex.quote(c) for c in shown)}\n")
+            for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "MAX_JOBS", "NVCC_APPEND_FLAGS", "CPATH", "LIBRARY_PATH"):
+                fh.write(f"#   {k}={compile_env.get(k, '')}\n")
+            fh.flush()
+            limit = stop_after if stop_after is not None else timeout
+            rc = _run_group(cmd, source_dir, compile_env, fh, limit)
+            if rc == "timeout" and stop_after is not None:
+                fh.write(f"# stopped after {time.monotonic() - t0:.1f}s (asked: stop after {stop_after:g}s)\n")
+                return None
+            fh.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
+        if rc != 0:
+            raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_last_error(log)} (log: {log})")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise CompileFailed(f"build_wheel made {len(wheels)} wheels in {source_dir}, expected 1 (log: {log})")
+        final = out_dir / wheels[0].name
+        if final.exists():
+            final.unlink()
+        shutil.move(str(wheels[0]), final)
+    return final
+
+
+def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: float | None) -> int | str:
+    """Run `cmd` in its own process group; past `limit` seconds stop the whole group: "timeout"."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):   # whatever ignored SIGTERM (the group outlives its leader)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "timeout"
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+_ERROR_LINE = re.compile(r"\berror\b|Error:|fatal")
+
+
+def first_error(log: Path) -> str | None:
+    """The first compiler error line of a compile log (the cause; later ones tend to follow from it)."""
+    try:
+        text = Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((ln.strip()[:300] for ln in text.splitlines()
+                 if _ERROR_LINE.search(ln) and not ln.startswith(("#", "$"))), None)
+
+
+def _last_error(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _ERROR_LINE.search(ln) and not ln.startswith("#"):
+            return ln[:300]
+    own = [ln for ln in lines if not ln.startswith("#")]   # not the frontend's own '# exit' notes
+    return own[-1][:300] if own else "no output"
+
+
+# ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit
+#
+# When a full build cannot finish here, the flags tier still proves the arch list reaches the compiler:
+# every nvcc call goes through a recording wrapper (first on PATH, PYTORCH_NVCC, CUDACXX and CMake's
+# compiler variable), the compile runs for a bounded time, and the targets of every call are compared
+# with the cell's list. The compiler cache is off for it: a cache hit would skip the compiler.
+
+NVCC_WRAPPER = """#!/bin/sh
+# The farm's flags tier: record this call's arguments (NUL-separated), then run the real nvcc.
+f=$(mktemp {calls}/call.XXXXXX) && printf '%s\\0' "$@" > "$f"
+exec {nvcc} "$@"
+"""
+_GENCODE = ("-gencode", "--generate-code")
+_ARCH = ("-arch", "--gpu-architecture")
+_CODE = ("-code", "--gpu-code")
+_COMPILES = {"-c", "--compile", "-dc", "--device-c", "-ptx", "--ptx", "-cubin", "--cubin", "-fatbin", "--fatbin"}
+
+
+def record_nvcc_calls(env: dict[str, str], folder: Path, real_nvcc: Path | str) -> Path:
+    """Point every way a build finds nvcc at a wrapper that records its calls under `folder`/calls."""
+    calls, bin_dir = folder / "calls", folder / "bin"
+    shutil.rmtree(folder, ignore_errors=True)
+    calls.mkdir(parents=True)
+    bin_dir.mkdir()
+    wrapper = bin_dir / "nvcc"
+    wrapper.write_text(NVCC_WRAPPER.format(calls=shlex.quote(str(calls)), nvcc=shlex.quote(str(real_nvcc))))
+    wrapper.chmod(0o755)
+    env["PATH"] = _join(str(bin_dir), env.get("PATH", ""))
+    for key in ("PYTORCH_NVCC", "CUDACXX", "CUDA_NVCC_EXECUTABLE", "CMAKE_CUDA_COMPILER"):
+        env[key] = str(wrapper)
+    # torch's distutils backend (no ninja) and many setup.py files run $CUDA_HOME/bin/nvcc itself: a
+    # shadow toolkit of symlinks whose bin/nvcc is the wrapper (nvcc finds its own files from its real path)
+    home = Path(env.get("CUDA_HOME", ""))
+    if env.get("CUDA_HOME") and (home / "bin").is_dir():
+        shadow = folder / "cuda"
+        (shadow / "bin").mkdir(parents=True)
+        for entry in home.iterdir():
+            if entry.name != "bin":
+                (shadow / entry.name).symlink_to(entry)
+        for entry in (home / "bin").iterdir():
+            (shadow / "bin" / entry.name).symlink_to(wrapper if entry.name == "nvcc" else entry)
+        for key in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+            if key in env:
+                env[key] = str(shadow)
+    return calls
+
+
+def read_nvcc_calls(calls: Path) -> list[list[str]]:
+    """The argument lists the wrapper recorded, oldest first."""
+    found = sorted(Path(calls).glob("call.*"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in found]
+
+
+def _option_values(argv: Sequence[str], names: tuple[str, ...]) -> list[str]:
+    """Values of an option given as `-opt value`, `-opt=value` (nvcc accepts both)."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif "=" in arg and arg.split("=", 1)[0] in names:
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _codes(text: str) -> list[str]:
+    return [c.strip() for c in text.strip().strip('"').strip("[]").split(",") if c.strip()]
+
+
+def nvcc_targets(argv: Sequence[str]) -> set[str]:
+    """What one nvcc call emits: sm_XX (SASS), compute_XX (PTX), or how it was left to nvcc
+    (`-arch=native`, `nvcc default` when a compile names no target at all)."""
+    found: set[str] = set()
+    for value in _option_values(argv, _GENCODE):
+        arch = re.search(r"arch=([\w]+)", value)
+        code = re.search(r"code=(\[[^\]]*\]|\"[^\"]*\"|[^,]+(?:,(?:sm|compute|lto)_\w+)*)", value)
+        found.update(_codes(code.group(1)) if code else [arch.group(1)] if arch else [])
+    codes = [c for v in _option_values(argv, _CODE) for c in _codes(v)]
+    for arch in _option_values(argv, _ARCH):
+        if arch in ("native", "all", "all-major"):
+            found.add(f"-arch={arch}")
+        elif codes:
+            found.update(codes)
+        elif arch.startswith("sm_"):   # -arch=sm_XX is -arch=compute_XX -code=sm_XX,compute_XX
+            found.update({arch, "compute_" + arch[3:]})
+        else:
+            found.add(arch)
+    if not found and _COMPILES & set(argv):
+        found.add("nvcc default")
+    return found
+
+
+def by_arch(names) -> list[str]:
+    """Target names (sm_90a, compute_120, ...) in arch order, not string order."""
+    return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
+
+
+def flags_report(calls: list[list[str]], arch_list: ArchList) -> dict:
+    """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
+    PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own."""
+    want = {f"sm_{t.sm}{t.variant}" for t in arch_list} | {f"compute_{t.sm}{t.variant}" for t in arch_list if t.ptx}
+    per_call = [t for t in (nvcc_targets(argv) for argv in calls) if t]
+    seen = set().union(*per_call) if per_call else set()
+    missing, extra = want - seen, seen - want
+    return {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
+            "sass": by_arch(n for n in seen if n.startswith("sm_")),
+            "ptx": by_arch(n for n in seen if n.startswith("compute_")),
+            "other": by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
+            "equal": bool(per_call) and not missing and not extra,
+            "missing": by_arch(missing), "extra": by_arch(extra),
+            "calls_differing": sum(1 for t in per_call if t != want)}
+
+
+def flags_summary(report: dict) -> str:
+    """One line: `flags verified, not built: ...`."""
+    seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
+    head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
+    if report["equal"]:
+        return f"{head}: equal to the cell's list {report['expected']}"
+    if not report["compiling_invocations"]:
+        return f"{head}: no nvcc compile started before the stop"
+    diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
+            f"extra {' '.join(report['extra'])}" if report["extra"] else ""]
+    return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"

@@ -1,0 +1,202 @@
+"""Host-side downloads of binary wheels for a TARGET Python and platform (SPEC 8.1 step 2).
+
+`pip download` runs on the host with explicit --platform/--python-version and
+--only-binary, isolated from this machine's pip configuration (whose find-links
+carry a CPU torch that pip would prefer, and whose constraints cap torch). Files
+land in the shared cache_dir()/downloads; each request's resolved file list is
+kept as a manifest so a second call neither downloads nor even asks the index.
+Installs later use exactly the manifest's files with `--no-index`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.errors import FarmError
+from farm.paths import cache_dir
+from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
+from farm.versions import python_tag, vtuple
+from farm.yamlio import write_atomic
+
+PYPI_SIMPLE = "https://pypi.org/simple"
+MANIFESTS = "manifests"
+_SAVED = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S+\.whl)\s*$")
+
+ARCH_OF = {"linux": "x86_64", "linux_aarch64": "aarch64"}
+
+
+class DownloadFailed(FarmError):
+    exit_code = 1
+
+
+def machine(platform: str) -> str:
+    """Farm platform -> CPU name of its wheels (x86_64, aarch64); Windows is not downloaded here."""
+    try:
+        return ARCH_OF[platform]
+    except KeyError:
+        raise FarmError(f"no Linux wheel downloads for platform {platform!r} (only linux, linux_aarch64)") from None
+
+
+def platform_tags(platform: str, glibc: str = "2.28") -> list[str]:
+    """Every manylinux tag a target with this glibc accepts, newest first.
+
+    pip does not expand `manylinux_2_28_x86_64` to older glibc tags by itself
+    (only the legacy manylinux2014 spelling, which it expands to 2010 and 1),
+    so the list is spelled out. linux_<arch> is never accepted: it is not portable.
+    """
+    arch = machine(platform)
+    major, minor = vtuple(glibc)[:2]
+    if major != 2:
+        raise FarmError(f"unexpected glibc {glibc!r}")
+    tags = [f"manylinux_2_{m}_{arch}" for m in range(minor, 16, -1)]
+    tags.append(f"manylinux2014_{arch}")
+    return tags
+
+
+@dataclass(frozen=True)
+class Index:
+    """Where wheels come from: PyPI, or a PyTorch channel with PyPI as the extra index."""
+
+    url: str = PYPI_SIMPLE
+    extra_url: str | None = None
+
+    def args(self) -> list[str]:
+        out = ["--index-url", self.url]
+        if self.extra_url:
+            out += ["--extra-index-url", self.extra_url]
+        return out
+
+    def reachable(self, timeout: float = 10.0) -> str | None:
+        """None when the index answers, else the reason."""
+        probe = self.url.rstrip("/") + "/"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(probe, method="HEAD"), timeout=timeout):
+                return None
+        except urllib.error.HTTPError as exc:
+            return None if exc.code in (403, 404, 405) else f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError) as exc:
+            return str(getattr(exc, "reason", exc))
+
+
+def isolated_pip_env() -> dict[str, str]:
+    """The environment for a pip that ignores this machine's pip config (find-links, constraints)
+    and never sees the farm's own PYTHONPATH (a container step's project mount)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    return env
+
+
+def _cert_args() -> list[str]:
+    cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+    return ["--cert", cert] if cert else []
+
+
+@dataclass(frozen=True)
+class DownloadSet:
+    """The resolved closure of one request: exact wheel files in the downloads folder."""
+
+    requirements: tuple[str, ...]
+    files: tuple[Path, ...]
+    manifest: Path
+
+    def file_for(self, project: str) -> Path | None:
+        norm = re.sub(r"[-_.]+", "_", project).lower()
+        for f in self.files:
+            if f.name.lower().startswith(norm + "-"):
+                return f
+        return None
+
+
+def _manifest_key(requirements, constraints, python, platform, glibc, index: Index) -> str:
+    blob = json.dumps([sorted(requirements), sorted(constraints), python, platform, glibc, index.url,
+                       index.extra_url], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def load_manifest(path: Path, dl_dir: Path) -> DownloadSet | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    files = tuple(dl_dir / name for name in data["files"])
+    if not all(f.is_file() for f in files):
+        return None   # some file was evicted: download again
+    return DownloadSet(tuple(data["requirements"]), files, path)
+
+
+def download(requirements: list[str] | tuple[str, ...], *, python: str, platform: str, glibc: str = "2.28",
+             constraints: list[str] | tuple[str, ...] = (), index: Index = Index(), no_deps: bool = False,
+             log=None, root: Path | None = None) -> DownloadSet:
+    """pip download `requirements` (+ dependencies) for Python `python` on `platform` into the cache.
+
+    A repeated identical request is answered from its manifest without running pip.
+    """
+    root = root or cache_dir()
+    log = log or (lambda _m: None)
+    key = _manifest_key(list(requirements) + (["--no-deps"] if no_deps else []), constraints, python,
+                        platform, glibc, index)
+    with downloads_in_use(root) as dl_dir:
+        manifest = dl_dir / MANIFESTS / f"{key}.json"
+        hit = load_manifest(manifest, dl_dir)
+        if hit is not None:
+            touch(hit.files)
+            log(f"downloads: cache hit for {' '.join(requirements)} ({len(hit.files)} files)")
+            return hit
+        t0 = time.monotonic()
+        pytag = python_tag(python)
+        cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", "off",
+               "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+               "--abi", f"cp{pytag}", "--abi", "abi3", "--abi", "none", "-d", str(dl_dir), *index.args()]
+        for tag in platform_tags(platform, glibc):
+            cmd += ["--platform", tag]
+        if no_deps:
+            cmd.append("--no-deps")
+        cfile = None
+        if constraints:
+            cfile = dl_dir / MANIFESTS / f"{key}.constraints.txt"
+            write_atomic(cfile, "\n".join(constraints) + "\n")
+            cmd += ["-c", str(cfile)]
+        cmd += list(requirements)
+        log("downloads: " + " ".join(cmd))
+        proc = subprocess.run(cmd, env=isolated_pip_env(), capture_output=True, text=True)
+        if cfile:
+            cfile.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()
+                    and not ln.startswith("[notice]")][-3:]
+            raise DownloadFailed(f"pip download {' '.join(requirements)} for Python {python} {platform} "
+                                 f"from {index.url} failed: {' | '.join(tail)}")
+        names = sorted({Path(m.group(1)).name for ln in proc.stdout.splitlines() if (m := _SAVED.match(ln))})
+        if not names:
+            raise DownloadFailed(f"pip download {' '.join(requirements)} reported no wheel files")
+        write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
+                                           "python": python, "platform": platform, "glibc": glibc,
+                                           "index": index.url, "files": names,
+                                           "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+        result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
+        touch(result.files)
+    enforce_budget(root, log=log)
+    log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
+    return result
+
+
+def find_manifest(requirements, *, python: str, platform: str, glibc: str = "2.28", constraints=(),
+                  index: Index = Index(), no_deps: bool = False, root: Path | None = None) -> DownloadSet | None:
+    """The cached result of an earlier identical `download` call (offline; None when absent)."""
+    root = root or cache_dir()
+    key = _manifest_key(list(requirements) + (["--no-deps"] if no_deps else []), constraints, python,
+                        platform, glibc, index)
+    dl_dir = root / "downloads"
+    return load_manifest(dl_dir / MANIFESTS / f"{key}.json", dl_dir)

@@ -1,0 +1,413 @@
+"""Python environments with the cell's exact torch (SPEC 8.1 step 2).
+
+Host side (network): `download_environment()` fetches torch==<pin> and its
+closure for the TARGET Python and platform into cache_dir()/downloads, from
+PyPI when PyPI's default torch of that minor is the cell's CUDA line
+(defaults/pypi_torch.yml), else from the PyTorch channel under
+FARM_TORCH_INDEX_URL. `download_build_deps()` does the same for a recipe's
+build_deps.
+
+Target side (container or host, no network): `base_environment()` makes the
+immutable BASE venv per (target, Python, exact torch, CUDA, platform) with
+`pip install --no-index` of exactly the downloaded files, checks
+torch.__version__ and torch.version.cuda against the cell, records torch's
+own arch list (PAM evidence) and marks it complete and read-only; built once
+under a lock. `overlay_environment()` adds a recipe's build_deps in a venv
+whose site-packages sees the base through a .pth (a `--system-site-packages`
+venv made from a venv would see the interpreter's site-packages, not the
+base's), with the base's pins as constraints and the resolved pins recorded;
+then the cell's build_requires_farm wheels (staged by `farm build` from the
+wheelhouse) with --no-deps, so the build and the import check can import them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
+from farm.errors import FarmError
+from farm.paths import cache_dir, defaults_dir
+from farm.run import cachebudget
+from farm.versions import cuda_tag, minor_of, vtuple
+from farm.yamlio import load_yaml
+
+# Installed next to torch in every base: cpp_extension honours MAX_JOBS only with ninja.
+BASE_PACKAGES = ("ninja",)
+DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl"
+_PYPI_PLATFORM_KEY = {"linux": "linux_x86_64", "linux_aarch64": "linux_aarch64"}
+
+_PROBE = r"""
+import json, sys
+import torch
+try:
+    flags = torch._C._cuda_getArchFlags()
+except Exception as exc:  # a CPU build has no such function
+    flags = None
+print("FARM_PROBE " + json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
+      "arch_flags": flags, "python": sys.version.split()[0], "torch_dir": torch.__path__[0]}))
+"""
+
+
+class EnvironmentError_(FarmError):
+    exit_code = 1
+
+
+class TorchMismatch(FarmError):
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    """What a cell needs: Python line, exact torch, CUDA line, platform, the target's glibc."""
+
+    python: str            # '3.11'
+    torch_pin: str         # '2.13.0'
+    cuda: str              # '13.0'
+    platform: str = "linux"
+    glibc: str = "2.28"    # the build target's glibc (image or host): which manylinux wheels fit
+
+    @classmethod
+    def for_cell(cls, cell, glibc: str = "2.28") -> EnvRequest:
+        return cls(python=cell.python, torch_pin=cell.torch_pin, cuda=cell.cuda, platform=cell.platform,
+                   glibc=glibc)
+
+
+@dataclass(frozen=True)
+class TorchEnv:
+    path: Path
+    python: Path                    # path/bin/python
+    site_packages: Path
+    python_version: str             # '3.11.7'
+    torch_version: str              # '2.13.0'
+    torch_cuda: str                 # '13.0'
+    torch_arch_flags: str | None    # torch._C._cuda_getArchFlags(): 'sm_75 sm_80 ... compute_120'
+    key: str
+    pins: tuple[str, ...] = ()      # base: every package==version; overlay: the build_deps added
+    base: Path | None = None        # overlay: the base it extends
+    info: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def torch_arch_list(self) -> str | None:
+        """torch's own arch list in TORCH_CUDA_ARCH_LIST spelling, e.g. '7.5 8.0 ... 12.0+PTX'."""
+        return arch_flags_to_list(self.torch_arch_flags)
+
+    def nvidia_include_dirs(self) -> list[Path]:
+        """Headers the torch wheels' nvidia-* packages ship (cusparse.h, cublas_v2.h, ... for CUDA 13)."""
+        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
+        out: list[Path] = []
+        for root in roots:
+            out += sorted(p for p in (root / "nvidia").glob("*/include") if p.is_dir())
+        return out
+
+    def nvidia_lib_dirs(self) -> list[Path]:
+        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
+        out: list[Path] = []
+        for root in roots:
+            out += sorted(p for p in (root / "nvidia").glob("*/lib") if p.is_dir())
+        return out
+
+    def torch_lib_dir(self) -> Path:
+        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
+        for root in roots:
+            if (root / "torch" / "lib").is_dir():
+                return root / "torch" / "lib"
+        raise EnvironmentError_(f"no torch/lib under {self.path}")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k in ("path", "python", "site_packages", "base"):
+            d[k] = None if d[k] is None else str(d[k])
+        d.pop("info")
+        d["torch_arch_list"] = self.torch_arch_list
+        return d
+
+
+def arch_flags_to_list(flags: str | None) -> str | None:
+    """'sm_75 sm_80 sm_90 compute_90' -> '7.5 8.0 9.0+PTX' (sm_90a -> 9.0a)."""
+    if not flags:
+        return None
+    sass, ptx = [], set()
+    for word in re.split(r"[\s;,]+", flags.strip()):
+        m = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", word)
+        if not m:
+            continue
+        n, v = int(m.group(2)), m.group(3)
+        tok = (n // 10, n % 10, v)
+        if m.group(1) == "sm":
+            if tok not in sass:
+                sass.append(tok)
+        else:
+            ptx.add(tok)
+    toks = sorted(set(sass) | ptx)
+    return " ".join(f"{a}.{b}{v}" + ("+PTX" if (a, b, v) in ptx else "") for a, b, v in toks)
+
+
+def _site_packages_of(env: Path) -> Path:
+    found = sorted(env.glob("lib/python3*/site-packages"))
+    if not found:
+        raise EnvironmentError_(f"{env} has no lib/python3.*/site-packages")
+    return found[0]
+
+
+# ---------------------------------------------------------------- where torch comes from
+
+def torch_index(torch_pin: str, cuda: str, platform: str = "linux") -> Index:
+    """PyPI when its default torch of this minor is built for `cuda` on `platform`, else the PyTorch channel."""
+    data = load_yaml(defaults_dir() / "pypi_torch.yml") or {}
+    table = data.get(_PYPI_PLATFORM_KEY.get(platform, ""), {}) or {}
+    local = torch_pin.split("+", 1)[1] if "+" in torch_pin else None
+    if local is None and str(table.get(minor_of(torch_pin.split("+")[0]), "")) == cuda:
+        return Index()
+    base = os.environ.get("FARM_TORCH_INDEX_URL", DEFAULT_TORCH_INDEX).rstrip("/")
+    return Index(url=f"{base}/{cuda_tag(cuda)}", extra_url=PYPI_SIMPLE)
+
+
+def _torch_requirement(req: EnvRequest) -> str:
+    return f"torch=={req.torch_pin}"
+
+
+def _check_index(index: Index, req: EnvRequest) -> None:
+    if index.url == PYPI_SIMPLE:
+        return
+    why = index.reachable()
+    if why is not None:
+        raise EnvironmentError_(
+            f"torch {req.torch_pin} for CUDA {req.cuda} on {req.platform} is not PyPI's default build, so it "
+            f"comes from the PyTorch index {index.url} (FARM_TORCH_INDEX_URL), which is unreachable from "
+            f"here: {why}")
+
+
+def download_environment(req: EnvRequest, *, log=None, root: Path | None = None) -> DownloadSet:
+    """Host side: torch==<pin> + its closure + BASE_PACKAGES for the target Python/platform (cached)."""
+    index = torch_index(req.torch_pin, req.cuda, req.platform)
+    reqs = [_torch_requirement(req), *BASE_PACKAGES]
+    hit = find_manifest(reqs, python=req.python, platform=req.platform, glibc=req.glibc, index=index, root=root)
+    if hit is not None:
+        return hit
+    _check_index(index, req)
+    return download(reqs, python=req.python, platform=req.platform, glibc=req.glibc, index=index, log=log,
+                    root=root)
+
+
+def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
+                        root: Path | None = None) -> DownloadSet | None:
+    """Host side: a recipe's build_deps for the target, with torch held at the pin (None when none)."""
+    deps = sorted(str(d) for d in build_deps or ())
+    if not deps:
+        return None
+    index = torch_index(req.torch_pin, req.cuda, req.platform)
+    cons = [_torch_requirement(req)]
+    hit = find_manifest(deps, python=req.python, platform=req.platform, glibc=req.glibc, constraints=cons,
+                        index=index, root=root)
+    if hit is not None:
+        return hit
+    _check_index(index, req)
+    return download(deps, python=req.python, platform=req.platform, glibc=req.glibc, constraints=cons,
+                    index=index, log=log, root=root)
+
+
+# ---------------------------------------------------------------- target side
+
+def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    # The step itself may run with the farm on PYTHONPATH (a container's read-only project mount);
+    # the torch environment must never see it.
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
+    if log:
+        log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")
+    if proc.returncode != 0:
+        tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "[notice]" not in ln][-4:]
+        raise EnvironmentError_(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return proc
+
+
+def python_version(python_exe: Path | str) -> str:
+    proc = subprocess.run([str(python_exe), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvironmentError_(f"{python_exe} does not run: {proc.stderr.strip()[:200]}")
+    return proc.stdout.strip()
+
+
+def probe_torch(python_exe: Path | str) -> dict:
+    """Import torch with no GPU visible; return its version, CUDA line and compiled arch flags."""
+    env = isolated_pip_env()
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([str(python_exe), "-c", _PROBE], capture_output=True, text=True, env=env, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("FARM_PROBE "):
+            return json.loads(line[len("FARM_PROBE "):])
+    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-2:]
+    raise EnvironmentError_(f"`import torch` failed in {python_exe}: {' | '.join(tail)}")
+
+
+def check_torch(found_version: str, found_cuda: str | None, torch_pin: str, cuda: str, where: str = "") -> None:
+    """The installed torch must be exactly the pin and built for the cell's CUDA line."""
+    public, _, local = found_version.partition("+")
+    want_public, _, want_local = torch_pin.partition("+")
+    ok_version = public == want_public and (local == want_local if want_local else local in ("", cuda_tag(cuda)))
+    ok_cuda = found_cuda is not None and ".".join(str(found_cuda).split(".")[:2]) == cuda
+    if not (ok_version and ok_cuda):
+        at = f" in {where}" if where else ""
+        raise TorchMismatch(f"torch mismatch{at}: installed torch {found_version} (CUDA {found_cuda or 'none'}), "
+                            f"the cell wants torch {torch_pin} (CUDA {cuda})")
+
+
+def _freeze(python_exe: Path, path: Path | None = None) -> list[str]:
+    cmd = [python_exe, "-m", "pip", "list", "--format=json"]
+    if path is not None:
+        cmd += ["--path", path]
+    proc = _run(cmd, None, "pip list", env=isolated_pip_env())
+    return sorted(f"{p['name']}=={p['version']}" for p in json.loads(proc.stdout))
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
+
+
+def base_key(req: EnvRequest, target: str, python_full: str) -> str:
+    return _safe(f"{target}-py{python_full}-torch{req.torch_pin}-{cuda_tag(req.cuda)}-{req.platform}")
+
+
+def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "host",
+                     downloads: DownloadSet | None = None, log=None, root: Path | None = None) -> TorchEnv:
+    """The complete, read-only base venv for `req`, built (offline) on first use under a lock.
+
+    target: who runs it ('host', or the image id): part of the key, so a host env is never
+    used inside an image or the other way round.
+    """
+    log = log or (lambda _m: None)
+    root = root or cache_dir()
+    python_exe = Path(python_exe)
+    full = python_version(python_exe)
+    if vtuple(full)[:2] != vtuple(req.python)[:2]:
+        raise EnvironmentError_(f"{python_exe} is Python {full}, the cell wants {req.python}")
+    key = base_key(req, target, full)
+    entry = root / "envs" / key
+
+    def build(path: Path) -> dict:
+        dl = downloads or find_manifest([_torch_requirement(req), *BASE_PACKAGES], python=req.python,
+                                        platform=req.platform, glibc=req.glibc,
+                                        index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
+        if dl is None:
+            raise EnvironmentError_(f"torch {req.torch_pin} for Python {req.python} {req.platform} is not "
+                                    f"downloaded; run farm.build.environments.download_environment on the host first")
+        t0 = time.monotonic()
+        _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
+        py = path / "bin" / "python"
+        with cachebudget.downloads_in_use(root):
+            cachebudget.touch(dl.files)
+            _run([py, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps", "--no-warn-script-location",
+                  "--disable-pip-version-check", *dl.files], log, f"installing torch {req.torch_pin} into {path}",
+                 env=isolated_pip_env())
+        probe = probe_torch(py)
+        check_torch(probe["torch"], probe["cuda"], req.torch_pin, req.cuda, where=str(path))
+        _run([py, "-m", "pip", "check"], log, f"pip check in {path}", env=isolated_pip_env())
+        return {"kind": "base", "request": asdict(req), "target": target, "python_version": full,
+                "probe": probe, "pins": _freeze(py), "files": [f.name for f in dl.files],
+                "build_seconds": round(time.monotonic() - t0, 1)}
+
+    t0 = time.monotonic()
+    lease = cachebudget.acquire(entry, build)
+    _LEASES.append(lease)
+    info = lease.info
+    probe = info["probe"]
+    check_torch(probe["torch"], probe["cuda"], req.torch_pin, req.cuda, where=str(entry))
+    log(f"environment: base {key} ({'built' if lease.built else 'cache hit'} in {time.monotonic() - t0:.1f}s)")
+    if lease.built:
+        cachebudget.enforce_budget(root, log=log)
+    return TorchEnv(path=entry, python=entry / "bin" / "python", site_packages=_site_packages_of(entry),
+                    python_version=full, torch_version=probe["torch"], torch_cuda=probe["cuda"],
+                    torch_arch_flags=probe.get("arch_flags"), key=key, pins=tuple(info["pins"]), info=info)
+
+
+def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads: DownloadSet | None = None,
+                        req: EnvRequest | None = None, farm_wheels: Iterable[tuple[Path, str]] = (), log=None,
+                        root: Path | None = None) -> TorchEnv:
+    """`base` plus a recipe's build_deps, then its build_requires_farm wheels ((file, sha256) pairs, installed
+    with --no-deps: their own requirements are the build env's business), cached per base, deps and wheel
+    sha256s; `base` itself when there are neither."""
+    deps = sorted(str(d) for d in build_deps or ())
+    farm_wheels = sorted((Path(f), sha) for f, sha in farm_wheels)
+    if not deps and not farm_wheels:
+        return base
+    log = log or (lambda _m: None)
+    root = root or cache_dir()
+    # Without farm wheels the digest is the deps' alone, so the overlays already built stay valid.
+    keyed = deps if not farm_wheels else {"build_deps": deps, "farm_wheels": sorted(sha for _, sha in farm_wheels)}
+    digest = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()[:12]
+    key = f"{base.key}-deps-{digest}"
+    entry = root / "overlays" / key
+
+    def build(path: Path) -> dict:
+        dl = downloads
+        if dl is None and req is not None and deps:
+            dl = find_manifest(deps, python=req.python, platform=req.platform, glibc=req.glibc,
+                               constraints=[_torch_requirement(req)],
+                               index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
+        if dl is None and deps:
+            raise EnvironmentError_(f"build_deps {deps} are not downloaded; run "
+                                    f"farm.build.environments.download_build_deps on the host first")
+        _check_farm_wheels(farm_wheels)
+        # `venv` run from the base's python makes a venv of the base's interpreter (sys._base_executable)
+        _run([base.python, "-m", "venv", "--without-pip", path], log, f"creating the overlay venv {path}")
+        site = _site_packages_of(path)
+        (site / "_farm_base.pth").write_text(str(base.site_packages) + "\n")
+        if deps:
+            with tempfile.TemporaryDirectory(prefix="farm-overlay-") as tmp:
+                links = Path(tmp) / "wheels"
+                links.mkdir()
+                for f in dl.files:                      # only this request's files: no stray versions
+                    (links / f.name).symlink_to(f)
+                cons = Path(tmp) / "base-pins.txt"
+                cons.write_text("\n".join(base.pins) + "\n")
+                with cachebudget.downloads_in_use(root):
+                    _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index",
+                          "--find-links", links, "-c", cons, "--no-warn-script-location", *deps], log,
+                         f"installing build_deps {deps} into {path}", env=isolated_pip_env())
+        if farm_wheels:
+            _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
+                  "--no-warn-script-location", "--disable-pip-version-check", *(f for f, _ in farm_wheels)], log,
+                 f"installing the build_requires_farm wheels {[f.name for f, _ in farm_wheels]} into {path}",
+                 env=isolated_pip_env())
+        added = _freeze(path / "bin" / "python", site)
+        probe = probe_torch(path / "bin" / "python")
+        if probe["torch"] != base.torch_version:
+            raise TorchMismatch(f"build_deps {deps} replaced torch {base.torch_version} with {probe['torch']}")
+        return {"kind": "overlay", "base": str(base.path), "build_deps": deps, "pins": added,
+                "farm_wheels": [{"file": f.name, "sha256": sha} for f, sha in farm_wheels]}
+
+    t0 = time.monotonic()
+    lease = cachebudget.acquire(entry, build)
+    _LEASES.append(lease)
+    log(f"environment: overlay {key} ({'built' if lease.built else 'cache hit'} in {time.monotonic() - t0:.1f}s)")
+    return TorchEnv(path=entry, python=entry / "bin" / "python", site_packages=_site_packages_of(entry),
+                    python_version=base.python_version, torch_version=base.torch_version,
+                    torch_cuda=base.torch_cuda, torch_arch_flags=base.torch_arch_flags, key=key,
+                    pins=tuple(lease.info["pins"]), base=base.path, info=lease.info)
+
+
+def _check_farm_wheels(farm_wheels: list[tuple[Path, str]]) -> None:
+    """Each staged wheel must be there with the bytes its manifest entry (and so the build key) names."""
+    from farm.wheelhouse.maintain import file_sha256
+
+    for f, sha in farm_wheels:
+        try:
+            found = file_sha256(f)
+        except OSError as exc:
+            raise EnvironmentError_(f"build_requires_farm wheel {f}: {exc.strerror or exc}") from None
+        if found != sha:
+            raise EnvironmentError_(f"build_requires_farm wheel {f.name}: sha256 {found[:12]}, "
+                                    f"the build key names {sha[:12]}")
+
+
+_LEASES: list[cachebudget.Lease] = []

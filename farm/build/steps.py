@@ -1,0 +1,304 @@
+"""The one step entrypoint: `python -m farm.build.steps <phases> --spec SPEC.json` (SPEC 8.1).
+
+Both runners run this same module; they differ only in where (container or
+host), mounts, limits and network. `farm build` (farm/build/cell.py) writes the
+spec on the host, with every path as the step will see it, and calls:
+
+1. `source` through the host runner (fetching needs the network the host has);
+2. `env,toolkit,prebuild` with network, only when the recipe has a pre_build;
+3. `env,toolkit,compile,label,repair,verify` with the network off.
+
+env and toolkit are cache hits after their first build, so repeating them in
+phase 3 costs a second or two and keeps each phase self-contained. Each phase
+appends its outcome to `<out>/steps.json`; a failing step prints one line and
+exits non-zero, and never leaves a wheel in `<out>/wheel/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from farm.arch.archlist import ArchList
+from farm.errors import FarmError
+
+PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify")
+
+
+class StepFailed(FarmError):
+    exit_code = 1
+
+
+class Steps:
+    """The state one invocation carries from step to step."""
+
+    def __init__(self, spec: dict, log, phases: list[str]):
+        self.spec = spec
+        self.cell = spec["cell"]
+        self.recipe = spec["recipe"]
+        self.out = Path(spec["paths"]["out"])
+        self.work = Path(spec["paths"]["work"])
+        self.arch_list = ArchList.parse(self.cell["arch_list"], "build spec", "cell.arch_list")
+        self.log = log
+        self.state = _read_state(self.out)
+        self.torch_env = None
+        self.toolkit = None
+        self.compiler_cache: dict = {}
+        self.phases = phases              # what this process runs (the import child serves verify)
+        self.import_child = None          # verify's child, started early (see _start_import_child)
+
+    # ----- 1. source ------------------------------------------------------------
+
+    def source(self) -> dict:
+        from farm.build.source import prepare_source
+
+        r = self.recipe
+        result = prepare_source(r["source"], self.work / "src", name=r["name"], platform=self.cell["platform"],
+                                cuda=self.cell["cuda"], submodules=r["submodules"],
+                                extra_sources=r["extra_sources"], patches=r["patches"],
+                                patches_dir=r["patches_dir"], base_dir=r["base_dir"], where=r["where"])
+        return result.record()
+
+    # ----- 2. environment ----------------------------------------------------------
+
+    def env(self) -> dict:
+        from farm.build.environments import EnvRequest, base_environment, overlay_environment
+
+        c = self.cell
+        req = EnvRequest(c["python"], c["torch_pin"], c["cuda"], c["platform"], self.spec["target"]["glibc"])
+        base = base_environment(req, self.spec["python"], target=self.spec["target"]["id"], log=self.log)
+        farm_wheels = [(Path(w["file"]), w["sha256"]) for w in self.spec.get("farm_wheels") or ()]
+        self.torch_env = overlay_environment(base, self.recipe["build_deps"], req=req, farm_wheels=farm_wheels,
+                                             log=self.log)
+        return {"base": base.to_json(), "overlay": self.torch_env.to_json() if self.torch_env is not base else None,
+                "torch": base.torch_version, "torch_cuda": base.torch_cuda, "torch_arch_list": base.torch_arch_list}
+
+    # ----- 3. toolkit ------------------------------------------------------------
+
+    def toolkit_step(self) -> dict:
+        from farm.build.toolkit import provision_toolkit
+
+        tk = provision_toolkit(self.cell["cuda"], self.spec["target"]["arch"], self.recipe["cuda_components"],
+                               source=self.spec["toolkit_source"], allow_download=False, log=self.log)
+        tk.require(self.arch_list, self.cell["id"])
+        self.toolkit = tk
+        return tk.to_json()
+
+    # ----- pre_build (network) --------------------------------------------------------
+
+    def prebuild(self) -> dict:
+        script = self.recipe.get("pre_build")
+        if not script:
+            return {"ran": False}
+        env_file = self.out / "prebuild.env"
+        env = {**self._compile_env(exported={}), "FARM_ENV": str(env_file)}
+        with open(self.out / "prebuild.log", "a") as fh:
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=self._source_dir(), env=env,
+                                  stdout=fh, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise StepFailed(f"pre_build failed (exit {proc.returncode}); log {self.out / 'prebuild.log'}")
+        return {"ran": True, "exported": _read_exports(env_file)}
+
+    # ----- 4. compile ------------------------------------------------------------
+
+    def _source_dir(self) -> Path:
+        src = self.work / "src"
+        return src / self.recipe["subdir"] if self.recipe.get("subdir") else src
+
+    def _compile_env(self, exported: dict) -> dict:
+        from farm.build.compile import compile_environment
+
+        r = self.recipe
+        env = compile_environment(arch_list=self.arch_list, toolkit=self.toolkit, torch_env=self.torch_env,
+                                  cuda=self.cell["cuda"], max_jobs=r["max_jobs"], nvcc_threads=r["nvcc_threads"],
+                                  nvcc_flags=r["nvcc_flags"], recipe_env=r["env"], exported=exported)
+        env.update(self.spec.get("compiler_cache_env") or {})
+        from farm.build.ccache import resolve_in_step
+
+        self.compiler_cache = resolve_in_step(env, self.toolkit.nvcc if self.toolkit else "nvcc")
+        return env
+
+    def compile(self) -> dict:
+        from farm.build.compile import compile_wheel, flags_report, read_nvcc_calls, record_nvcc_calls
+
+        self._start_import_child()
+        exported = (self.state.get("prebuild") or {}).get("exported") or {}
+        env = self._compile_env(exported)
+        raw = self.out / "raw"
+        shutil.rmtree(raw, ignore_errors=True)
+        flags = self.spec.get("flags")   # the flags tier: record nvcc's calls, stop after a bounded time
+        calls = record_nvcc_calls(env, self.out / "nvcc-calls", self.toolkit.nvcc) if flags else None
+        wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log",
+                              stop_after=flags["stop_after_s"] if flags else None)
+        found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
+            if flags else {}
+        cache = dict(self.compiler_cache)
+        if cache.get("active") and env.get("CCACHE_STATSLOG"):
+            from farm.build.ccache import read_stats_log
+
+            cache["stats"] = read_stats_log(env["CCACHE_STATSLOG"])
+        # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
+        import resource
+
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+        return {"wheel": str(wheel) if wheel else None, **found,
+                "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
+                "compiler_cache": cache, "peak_process_mb": peak_mb}
+
+    def _start_import_child(self) -> None:
+        """The verify step's import check imports torch first: started now, that import runs beside the
+        compile instead of after the repair (about 2.5 s of every cell). Costs one idle interpreter
+        holding torch (~0.6 GB) while the compile runs. Not when verify would not use it."""
+        from farm.build.verify import ImportChild
+        from farm.recipes.recipe import verify_from_mapping
+
+        knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
+        if "verify" in self.phases and not knobs.skip_import and not knobs.needs_driver and self.torch_env:
+            self.import_child = ImportChild.for_environment(self.torch_env.path, self.cell["links_torch"])
+
+    # ----- 5. label --------------------------------------------------------------
+
+    def label(self) -> dict:
+        from farm.build.label import label_wheel
+
+        raw = Path(self.state["compile"]["wheel"])
+        info = {**self.spec["record"], "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
+                "toolkit": (self.state.get("toolkit") or {}).get("version"),
+                "source": self.state.get("source")}
+        labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell["local_label"],
+                               build_number=self.spec.get("build_number"),
+                               requires_dist=self.recipe["requires_dist"], build_info=info,
+                               where=self.recipe["where"])
+        return {"wheel": str(labelled)}
+
+    # ----- 6. repair -------------------------------------------------------------
+
+    def repair(self) -> dict:
+        from farm.build.repair import repair_wheel
+
+        labelled = Path(self.state["label"]["wheel"])
+        sites = [self.torch_env.site_packages] + ([Path(self.torch_env.base) / _site_rel(self.torch_env)]
+                                                 if self.torch_env.base else [])
+        result = repair_wheel(labelled, self.out / "repaired", torch_site_packages=sites,
+                              plat=self.spec.get("plat"), floor_plat=self.spec["target"].get("plat_floor"),
+                              allow_graft=self.recipe.get("allow_graft") or (),
+                              wheel_abi=self.cell["wheel_abi"], platform=self.cell["platform"])
+        platform_tag = Path(result.wheel).name[:-len(".whl")].split("-")[-1]
+        return {**result.record(), "wheel": str(result.wheel), "plat_tag": platform_tag}
+
+    # ----- 7. verify -------------------------------------------------------------
+
+    def verify(self) -> dict:
+        from farm.build.verify import Expectation, verify_wheel
+        from farm.recipes.recipe import verify_from_mapping
+
+        repaired = Path(self.state["repair"]["wheel"])
+        knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
+        cell = _CellView(self.cell, self.arch_list)
+        exp = Expectation.for_cell(cell, knobs=knobs, requires_dist=self.recipe["requires_dist"],
+                                   version=self.recipe.get("version"),
+                                   platform_tag=self.state["repair"].get("plat_tag"))
+        child, self.import_child = self.import_child, None
+        report = verify_wheel(repaired, exp, torch_env=self.torch_env.path, import_child=child)
+        report.write(self.out / "verify.json")
+        if not report.passed:
+            failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
+            raise StepFailed(f"verify failed: {'; '.join(failed)}")
+        final = self.out / "wheel"
+        final.mkdir(exist_ok=True)
+        target = final / repaired.name
+        shutil.copy2(repaired, target.with_suffix(".partial"))
+        os.replace(target.with_suffix(".partial"), target)
+        return {"wheel": str(target), "report": str(self.out / "verify.json"),
+                "warnings": [f"{c.name}: {c.message}" for c in report.checks if c.status == "warn"]}
+
+
+class _CellView:
+    """The attributes of farm.recipes.cells.Cell that the gate's Expectation reads, from a spec."""
+
+    def __init__(self, cell: dict, arch_list: ArchList):
+        from farm.arch.resolve import Resolution
+
+        self.recipe_name, self.python, self.platform = cell["recipe_name"], cell["python"], cell["platform"]
+        self.links_torch, self.wheel_abi, self.local_label = cell["links_torch"], cell["wheel_abi"], cell["local_label"]
+        self.arch = Resolution(arch_list, cell["provenance"], "", cell["cuda"], cell["torch"])
+
+
+def _site_rel(env) -> Path:
+    return Path(env.site_packages).relative_to(env.path)
+
+
+def _read_state(out: Path) -> dict:
+    path = out / "steps.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _write_state(out: Path, state: dict) -> None:
+    tmp = out / "steps.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, out / "steps.json")
+
+
+def _read_exports(env_file: Path) -> dict:
+    exported = {}
+    if env_file.is_file():
+        for line in env_file.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                exported[key.strip()] = value
+    return exported
+
+
+def run(phases: list[str], spec_path: Path) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["paths"]["out"])
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(message: str) -> None:
+        print(f"[farm.build.steps] {message}", flush=True)
+
+    steps = Steps(spec, log, phases)
+    methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
+               "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
+    timings = steps.state.setdefault("timings", {})
+    try:
+        for phase in phases:
+            log(f"{phase}: start")
+            t0 = time.monotonic()
+            try:
+                steps.state[phase] = methods[phase]()
+            except FarmError as exc:
+                steps.state.setdefault("failed", {})[phase] = str(exc)
+                _write_state(out, steps.state)
+                print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
+                return exc.exit_code or 1
+            timings[phase] = round(time.monotonic() - t0, 2)
+            _write_state(out, steps.state)
+            log(f"{phase}: done in {timings[phase]}s")
+    finally:
+        if steps.import_child is not None:   # a step failed before verify used it
+            steps.import_child.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m farm.build.steps", description=__doc__.splitlines()[0])
+    parser.add_argument("phases", help=f"comma-separated, in order, from: {', '.join(PHASES)}")
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = [p for p in phases if p not in PHASES]
+    if unknown:
+        print(f"farm.build.steps: unknown phase(s) {', '.join(unknown)} (known: {', '.join(PHASES)})", file=sys.stderr)
+        return 2
+    return run(phases, args.spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""Windows cells (SPEC 8.5): the Windows host path, in this one module.
+
+UNTESTED ON A WINDOWS HOST. The farm's machines are Linux; what runs here is the
+refusal (a `-win` cell on any other host: one line, exit 2) and the pure parts
+below, tested against recorded `vswhere`/`set` output. The generated GitHub
+Actions workflow gives Windows cells a `windows-*` runner, where this path runs.
+
+On a Windows host a cell is built by the same steps (SPEC 8.1) with three
+differences, all here:
+- toolkit: an installed CUDA toolkit (the NVIDIA installer sets `CUDA_PATH` and
+  `CUDA_PATH_V<major>_<minor>`), never assembled from PyPI wheels;
+- compiler: MSVC, found with `vswhere` and activated by capturing what
+  `vcvars64.bat` sets (or taken as is from a developer prompt);
+- compile environment: the Linux one adapted (see `adapt_compile_environment`);
+- repair: none (farm.build.repair already passes Windows wheels through; delvewheel
+  is a later option), so the wheel keeps its `win_amd64` tag.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PureWindowsPath
+
+from farm.errors import FarmError
+from farm.versions import vtuple
+
+PLATFORM = "windows"
+WHEEL_PLAT = "win_amd64"
+# Visual Studio's locator; installed with every VS 2017+ (Build Tools included).
+VSWHERE = r"%ProgramFiles(x86)%\Microsoft Visual Studio\Installer\vswhere.exe"
+MSVC_COMPONENT = "Microsoft.VisualStudio.Component.VC.Tools.x86.x64"
+DEFAULT_CUDA_ROOT = r"C:\Program Files\NVIDIA GPU Computing Toolkit\CUDA"
+# gcc/Linux-only variables of the Linux compile environment: cl.exe rejects -g0 (D9002)
+# and MSVC reads INCLUDE/LIB, not CPATH/LIBRARY_PATH.
+_LINUX_ONLY = ("CFLAGS", "CXXFLAGS", "CPATH", "LIBRARY_PATH")
+# What Windows' own Python and subprocesses need from the caller's environment.
+_WINDOWS_PASS = ("SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "TEMP", "TMP", "USERPROFILE",
+                 "APPDATA", "LOCALAPPDATA", "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)",
+                 "NUMBER_OF_PROCESSORS", "PROCESSOR_ARCHITECTURE")
+
+
+class WindowsToolchainMissing(FarmError):
+    exit_code = 1
+
+
+def host_system() -> str:
+    return _platform.system()
+
+
+def is_windows_host(system: str | None = None) -> bool:
+    return (system or host_system()) == "Windows"
+
+
+def refusal(cell_id: str, cell_platform: str, system: str | None = None) -> str | None:
+    """The one line `farm build` prints for a Windows cell on a non-Windows host; None when it may build."""
+    system = system or host_system()
+    if cell_platform != PLATFORM or is_windows_host(system):
+        return None
+    return (f"{cell_id}: a Windows cell builds only on a Windows host (MSVC + CUDA toolkit; "
+            f"farm/build/windows.py, untested here); this host is {system or 'unknown'}")
+
+
+def check_buildable_here(cell, system: str | None = None) -> None:
+    """Raise farm.build.cell.NotBuildableHere (exit 2) for a Windows cell on a non-Windows host."""
+    line = refusal(cell.id, cell.platform, system)
+    if line:
+        from farm.build.cell import NotBuildableHere  # build.py imports this module
+
+        raise NotBuildableHere(line)
+
+
+# ----- MSVC ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Msvc:
+    installation: str          # Visual Studio installation path ('' for a developer prompt)
+    vcvars: str                # its vcvars64.bat ('' for a developer prompt)
+    tools_version: str         # VCToolsVersion, e.g. 14.44.35207
+    env: dict = field(default_factory=dict, compare=False)   # what the activated environment sets
+
+
+def expand_windows_vars(text: str, environ: Mapping[str, str]) -> str:
+    """%NAME% expansion with Windows' case-insensitive names; unknown names stay as written."""
+    upper = {k.upper(): v for k, v in environ.items()}
+    return re.sub(r"%([^%]+)%", lambda m: upper.get(m.group(1).upper(), m.group(0)), text)
+
+
+def vswhere_command(vswhere: str) -> list[str]:
+    """The newest Visual Studio (any product, Build Tools too) that has the x64 C++ tools."""
+    return [vswhere, "-latest", "-products", "*", "-requires", MSVC_COMPONENT, "-property", "installationPath"]
+
+
+def vcvars_path(installation: str) -> str:
+    return str(PureWindowsPath(installation) / "VC" / "Auxiliary" / "Build" / "vcvars64.bat")
+
+
+def vcvars_command(vcvars: str) -> str:
+    """cmd running vcvars64 then `set`: the activated environment, one NAME=value per line.
+
+    A string, not a list: Python would escape the inner quotes; with /s cmd strips only the outer pair.
+    """
+    return f'cmd.exe /d /s /c "call "{vcvars}" >nul && set"'
+
+
+def parse_set_output(text: str) -> dict[str, str]:
+    """`set` output -> variables. cmd's hidden per-drive entries (`=C:=C:\\...`) are left out."""
+    env = {}
+    for line in text.splitlines():
+        if "=" not in line or line.startswith("="):
+            continue
+        name, _, value = line.partition("=")
+        env[name] = value.rstrip("\r")
+    return env
+
+
+def _ci_get(environ: Mapping[str, str], name: str) -> str | None:
+    for key, value in environ.items():
+        if key.upper() == name.upper():
+            return value
+    return None
+
+
+def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = subprocess.run,
+              exists: Callable[[str], bool] = os.path.exists) -> Msvc:
+    """MSVC for x64: the caller's developer prompt if it is one, else vswhere + vcvars64.bat."""
+    environ = dict(os.environ if environ is None else environ)
+    if _ci_get(environ, "VCINSTALLDIR") and _ci_get(environ, "VCToolsVersion"):
+        return Msvc("", "", _ci_get(environ, "VCToolsVersion") or "", environ)
+    vswhere = expand_windows_vars(VSWHERE, environ)
+    if not exists(vswhere):
+        raise WindowsToolchainMissing(f"no Visual Studio found ({vswhere} missing): install the Build Tools "
+                                      f"with the component {MSVC_COMPONENT}")
+    found = run(vswhere_command(vswhere), capture_output=True, text=True)
+    installation = (found.stdout or "").strip().splitlines()[:1]
+    if found.returncode != 0 or not installation:
+        raise WindowsToolchainMissing(f"vswhere found no Visual Studio with {MSVC_COMPONENT}")
+    vcvars = vcvars_path(installation[0])
+    if not exists(vcvars):
+        raise WindowsToolchainMissing(f"{vcvars} missing (a Visual Studio without the C++ x64 tools?)")
+    activated = run(vcvars_command(vcvars), capture_output=True, text=True)
+    env = parse_set_output(activated.stdout or "")
+    if activated.returncode != 0 or not _ci_get(env, "VCToolsVersion"):
+        raise WindowsToolchainMissing(f"{vcvars} did not activate MSVC (exit {activated.returncode})")
+    return Msvc(installation[0], vcvars, _ci_get(env, "VCToolsVersion") or "", env)
+
+
+# ----- the CUDA toolkit ----------------------------------------------------------------
+
+
+def _line(cuda: str) -> tuple[int, int]:
+    return tuple(vtuple(cuda)[:2])
+
+
+def cuda_home_candidates(cuda: str, environ: Mapping[str, str]) -> list[str]:
+    """Where a toolkit of line `cuda` is, in order: CUDA_PATH_V13_0, CUDA_PATH (only when it
+    names the same line), the installer's default folder."""
+    major, minor = _line(cuda)
+    out = []
+    specific = _ci_get(environ, f"CUDA_PATH_V{major}_{minor}")
+    if specific:
+        out.append(specific)
+    general = _ci_get(environ, "CUDA_PATH")
+    if general and PureWindowsPath(general).name.lower() == f"v{major}.{minor}":
+        out.append(general)
+    out.append(str(PureWindowsPath(DEFAULT_CUDA_ROOT) / f"v{major}.{minor}"))
+    seen, unique = set(), []
+    for c in out:
+        key = c.rstrip("\\/").lower()
+        if key not in seen:
+            seen.add(key)
+            unique.append(c.rstrip("\\/"))
+    return unique
+
+
+def nvcc_release(version_text: str) -> str | None:
+    """'release 13.0, V13.0.88' in `nvcc --version` -> '13.0' (the pattern farm.build.toolkit reads too)."""
+    from farm.build.toolkit import _RELEASE
+
+    m = _RELEASE.search(version_text)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class WindowsToolkit:
+    home: str
+    line: str
+
+    @property
+    def nvcc(self) -> str:
+        return str(PureWindowsPath(self.home) / "bin" / "nvcc.exe")
+
+    def bin_dirs(self, exists: Callable[[str], bool] = os.path.isdir) -> list[str]:
+        # bin\x64 as well, where a toolkit keeps its DLLs there.
+        dirs = [str(PureWindowsPath(self.home) / "bin"), str(PureWindowsPath(self.home) / "bin" / "x64")]
+        return [d for d in dirs if exists(d)]
+
+    def lib_dir(self) -> str:
+        return str(PureWindowsPath(self.home) / "lib" / "x64")
+
+    def env(self) -> dict[str, str]:
+        return {"CUDA_HOME": self.home, "CUDA_PATH": self.home, "CUDA_ROOT": self.home, "CUDACXX": self.nvcc,
+                "CUDA_NVCC_EXECUTABLE": self.nvcc}
+
+
+def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable = subprocess.run,
+                      exists: Callable[[str], bool] = os.path.exists) -> WindowsToolkit:
+    """The installed toolkit of the cell's line; its nvcc must report that line."""
+    environ = os.environ if environ is None else environ
+    want = "{}.{}".format(*_line(cuda))
+    tried = []
+    for home in cuda_home_candidates(cuda, environ):
+        tk = WindowsToolkit(home, want)
+        if not exists(tk.nvcc):
+            tried.append(home)
+            continue
+        got = nvcc_release(run([tk.nvcc, "--version"], capture_output=True, text=True).stdout or "")
+        if got != want:
+            tried.append(f"{home} (nvcc says {got or '?'})")
+            continue
+        return tk
+    raise WindowsToolchainMissing(f"no CUDA {want} toolkit (tried {'; '.join(tried)}); install it or set "
+                                  f"CUDA_PATH_V{want.replace('.', '_')}")
+
+
+# ----- the compile environment -----------------------------------------------------------
+
+
+def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolkit: WindowsToolkit,
+                              torch_scripts: str | None = None, caller: Mapping[str, str] | None = None
+                              ) -> dict[str, str]:
+    """farm.build.compile.compile_environment()'s result, made right for Windows.
+
+    Kept: the arch list variables, MAX_JOBS, NVCC_APPEND_FLAGS, FORCE_CUDA, the PIP_*
+    isolation and the recipe's own variables. Changed: PATH (torch env Scripts, the
+    toolkit's bin, then MSVC's), CUDA_* from the installed toolkit, the CPATH include
+    folders moved into MSVC's INCLUDE and the toolkit's lib\\x64 into LIB. Dropped:
+    gcc-only flags and paths. Added: DISTUTILS_USE_SDK=1, so setuptools uses the
+    activated MSVC instead of searching for its own (torch's cpp_extension expects it).
+    """
+    caller = dict(os.environ if caller is None else caller)
+    env = {k: v for k, v in linux_env.items() if k not in _LINUX_ONLY and k != "PATH"}
+    for name in _WINDOWS_PASS:
+        value = _ci_get(caller, name)
+        if value is not None:
+            env[name] = value
+    msvc_env = msvc.env or {}
+    for name in ("INCLUDE", "LIB", "LIBPATH", "VCINSTALLDIR", "VCToolsInstallDir", "VCToolsVersion",
+                 "VSINSTALLDIR", "WindowsSdkDir", "WindowsSDKVersion", "UCRTVersion", "UniversalCRTSdkDir",
+                 "Platform", "VSCMD_ARG_TGT_ARCH"):
+        value = _ci_get(msvc_env, name)
+        if value is not None:
+            env[name] = value
+    includes = [p for p in (linux_env.get("CPATH") or "").split(os.pathsep) if p]
+    env["INCLUDE"] = ";".join([*includes, *[p for p in env.get("INCLUDE", "").split(";") if p]])
+    env["LIB"] = ";".join([toolkit.lib_dir(), *[p for p in env.get("LIB", "").split(";") if p]])
+    path = [*([torch_scripts] if torch_scripts else []), *toolkit.bin_dirs()]
+    path += [p for p in (_ci_get(msvc_env, "PATH") or _ci_get(caller, "PATH") or "").split(";") if p]
+    seen, ordered = set(), []
+    for p in path:
+        if p.lower() not in seen:
+            seen.add(p.lower())
+            ordered.append(p)
+    env["PATH"] = ";".join(ordered)
+    env.update(toolkit.env())
+    env["DISTUTILS_USE_SDK"] = "1"
+    return {k: v for k, v in env.items() if v != ""}
+
+
+def repair_note() -> str:
+    """What the build record says instead of a repair (SPEC 8.1 step 6)."""
+    return f"windows wheel: not repaired (tag {WHEEL_PLAT}; delvewheel is a later option)"
+
+
+def host_compile_environment(linux_env: Mapping[str, str], cuda: str, torch_scripts: str | None = None
+                             ) -> dict[str, str]:
+    """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment.
+
+    Meant for farm.build.steps' compile environment on a `windows` cell. Not called yet: farm.build.steps has no
+    Windows branch, because nothing here can run on Windows to test one (`-win` cells are refused).
+    """
+    return adapt_compile_environment(linux_env, msvc=find_msvc(), toolkit=find_cuda_toolkit(cuda),
+                                     torch_scripts=torch_scripts)

@@ -1,0 +1,141 @@
+"""Cells: one (package, CUDA, torch, Python, platform) build, one wheel (SPEC 7.1, 7.2).
+
+A recipe's rows are its own `combinations` (exact patches, looked up in the
+PCWM) or the grid (filtered by min/max torch). Rows x Pythons x platforms,
+minus phantoms, minus ARM cells on lines without an ARM policy row. Two
+collapses: torch-free recipes get one cell per (CUDA line, Python, platform),
+built against the newest torch of the line that has a wheel for it; abi3,
+py3-none and pure recipes get one cell per (CUDA, torch, platform).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from farm.arch.resolve import Resolution, resolve
+from farm.platforms import cell_suffix
+from farm.policy import Defaults
+from farm.versions import cuda_tag, minor_of, python_tag, vtuple
+
+PYTHON_COLLAPSED = {"abi3": "abi3", "py3-none": "py3", "pure": "pure"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    recipe_name: str
+    cuda: str               # '13.0'
+    torch: str              # torch minor of the channel, '2.13'
+    torch_pin: str          # the exact torch the environment installs for this platform, '2.13.0'
+    python: str             # '3.11' (abi3 / py3-none / pure: the floor Python of the row)
+    platform: str           # linux | windows | linux_aarch64
+    links_torch: bool
+    wheel_abi: str          # cpython | abi3 | py3-none | pure
+    arch: Resolution
+    id: str
+
+    @property
+    def local_label(self) -> str:
+        """cu130torch2.13 for torch-linked wheels, cu130 for torch-free ones (SPEC 8.1 label)."""
+        return f"{cuda_tag(self.cuda)}torch{self.torch}" if self.links_torch else cuda_tag(self.cuda)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """nox tags: package, cuNNN, torchM.m (torch-linked), pyXY (or abi3/py3/pure), platform."""
+        py = PYTHON_COLLAPSED.get(self.wheel_abi, f"py{python_tag(self.python)}")
+        torch = (f"torch{self.torch}",) if self.links_torch else ()
+        return (self.recipe_name, cuda_tag(self.cuda), *torch, py, self.platform)
+
+
+def cell_id(name: str, cuda: str, torch: str | None, python: str, platform: str, wheel_abi: str = "cpython") -> str:
+    """`<name>-cu<NNN>-torch<M.m>-py<XY>[-aarch64|-win]`; torch-free ones have no torch part."""
+    py = PYTHON_COLLAPSED.get(wheel_abi, f"py{python_tag(python)}")
+    torch_part = f"-torch{torch}" if torch else ""
+    return f"{name}-{cuda_tag(cuda)}{torch_part}-{py}{cell_suffix(platform)}"
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One (CUDA, torch) row a recipe builds: its pins per platform and Pythons per platform."""
+
+    cuda: str
+    torch: str
+    pins: dict
+    pythons: dict          # platform -> tuple of Pythons with a wheel
+    arch_list: object = None
+
+
+def _grid_rows(recipe, defaults: Defaults, grid) -> Iterable[_Row]:
+    for row in grid.rows:
+        if recipe.min_torch and vtuple(row.torch) < vtuple(recipe.min_torch):
+            continue
+        if recipe.max_torch and vtuple(row.torch) > vtuple(recipe.max_torch):
+            continue
+        pythons = {p: tuple(py for py in row.pythons if not grid.is_phantom(row.cuda, row.torch, py, p))
+                   for p in recipe.platforms if row.pin(p)}
+        yield _Row(row.cuda, row.torch, {p: row.pin(p) for p in pythons}, pythons)
+
+
+def _own_rows(recipe, pcwm) -> Iterable[_Row]:
+    """Own combinations name exact patches: a cell exists when the PCWM has that exact wheel (SPEC 3.4)."""
+    for combo in recipe.combinations:
+        pythons = {p: tuple(py for py in combo.pythons if pcwm.has(combo.cuda, combo.torch, py, p))
+                   for p in recipe.platforms}
+        pythons = {p: pys for p, pys in pythons.items() if pys}
+        yield _Row(combo.cuda, minor_of(combo.torch), {p: combo.torch for p in pythons}, pythons, combo.arch_list)
+
+
+def recipe_cells(recipe, defaults: Defaults, grid, pcwm, resolutions: dict | None = None) -> list[Cell]:
+    """Every cell of one recipe, in grid order."""
+    resolutions = {} if resolutions is None else resolutions
+    rows = list(_own_rows(recipe, pcwm) if recipe.combinations else _grid_rows(recipe, defaults, grid))
+    where = str(recipe.path)
+
+    def arch(cuda, torch, platform, row_list):
+        key = (cuda, torch, platform, id(row_list))
+        if key not in resolutions:
+            resolutions[key] = resolve(cuda, torch, platform, defaults, recipe.arch, row_list, where)
+        return resolutions[key]
+
+    def arm_ok(cuda, platform):
+        return platform != "linux_aarch64" or cuda in defaults.arch_policy.aarch64
+
+    cells: list[Cell] = []
+    if not recipe.links_torch:
+        # Torch-free: one cell per (line, Python, platform), against the newest row that has the wheel.
+        newest: dict[tuple[str, str, str], _Row] = {}
+        for row in rows:
+            for platform, pythons in row.pythons.items():
+                for py in pythons:
+                    key = (row.cuda, py, platform)
+                    if key not in newest or vtuple(row.torch) > vtuple(newest[key].torch):
+                        newest[key] = row
+        for (cuda, py, platform), row in sorted(newest.items(), key=lambda kv: (vtuple(kv[0][0]), vtuple(kv[0][1]), kv[0][2])):
+            if arm_ok(cuda, platform):
+                cells.append(_cell(recipe, row, py, platform, arch(cuda, row.torch, platform, row.arch_list)))
+        return _collapse(recipe, cells)
+    for row in rows:
+        for platform in recipe.platforms:
+            if platform not in row.pythons or not arm_ok(row.cuda, platform):
+                continue
+            resolution = arch(row.cuda, row.torch, platform, row.arch_list)
+            for py in row.pythons[platform]:
+                cells.append(_cell(recipe, row, py, platform, resolution))
+    return _collapse(recipe, cells)
+
+
+def _cell(recipe, row: _Row, python: str, platform: str, resolution: Resolution) -> Cell:
+    torch_part = row.torch if recipe.links_torch else None
+    return Cell(recipe.name, row.cuda, row.torch, row.pins[platform], python, platform, recipe.links_torch,
+                recipe.wheel_abi, resolution, cell_id(recipe.name, row.cuda, torch_part, python, platform, recipe.wheel_abi))
+
+
+def _collapse(recipe, cells: list[Cell]) -> list[Cell]:
+    """abi3 / py3-none / pure: keep one cell per id (the floor Python of the row)."""
+    if recipe.wheel_abi not in PYTHON_COLLAPSED:
+        return cells
+    first: dict[str, Cell] = {}
+    for cell in cells:
+        if cell.id not in first or vtuple(cell.python) < vtuple(first[cell.id].python):
+            first[cell.id] = cell
+    return list(first.values())

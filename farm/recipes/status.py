@@ -1,0 +1,358 @@
+"""Per-recipe build records and the status table generated from them (`farm recipes status`).
+
+A record (`recipes/records/<name>.json`, small, committed) is written by the build itself: at the
+end of `farm build --record` (full or smoke), of a flags run, or of a failed build (tier `failed`,
+with the first compiler error line); `farm recipes block NAME --why ...` writes a `blocked` one.
+The table (`docs/recipe-status.md`) is generated from those records and never edited by hand:
+every recipe has a row, "not built yet" when it has no record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from farm import __version__, paths
+from farm.errors import BadInput, shorten
+from farm.recipes.cells import cell_id
+from farm.yamlio import write_atomic
+
+# The cell every recipe's status is measured on (x86_64; torch-free and abi3 recipes have their own id).
+STATUS_CUDA, STATUS_TORCH, STATUS_PYTHON, STATUS_PLATFORM = "13.0", "2.13", "3.12", "linux"
+RECORD_TIERS = ("full", "smoke", "flags", "failed", "blocked")
+NOT_BUILT = "not built yet"
+STATUS_DOC = "docs/recipe-status.md"
+COLUMNS = ("recipe", "source pin", "patches", "tier", "cell", "wall", "peak mem", "wheel", "SASS", "PTX", "gate",
+           "date", "reason")
+
+
+def records_dir() -> Path:
+    return paths.recipes_dir() / "records"
+
+
+def status_cell_id(recipe) -> str:
+    """The recipe's cell on cu130 / torch 2.13 / Python 3.12 / linux, when the recipe has it.
+
+    A recipe whose own `combinations` or `max_torch` stop before torch 2.13 on CUDA 13.0 gets its
+    newest CUDA 13.0 torch instead (Python 3.12 there, else that row's newest Python): the id always
+    names a cell `farm plan --package` lists, unless the recipe has no CUDA 13.0 linux cell at all."""
+    from farm.matrix.grid import load_grid, load_pcwm
+    from farm.policy import load_defaults
+    from farm.recipes.cells import recipe_cells
+    from farm.versions import vtuple
+
+    torch = STATUS_TORCH if recipe.links_torch else None
+    wanted = cell_id(recipe.name, STATUS_CUDA, torch, STATUS_PYTHON, STATUS_PLATFORM, recipe.wheel_abi)
+    cells = [c for c in recipe_cells(recipe, load_defaults(), load_grid(), load_pcwm())
+             if c.cuda == STATUS_CUDA and c.platform == STATUS_PLATFORM]
+    if not cells or any(c.id == wanted for c in cells):
+        return wanted
+    best = max(cells, key=lambda c: (c.torch == STATUS_TORCH, vtuple(c.torch), c.python == STATUS_PYTHON,
+                                     vtuple(c.python)))
+    return best.id
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _portable(text: str, *prefixes: Path) -> str:
+    """A line fit for a committed file: the machine's folders cut off (work dir, project, home)."""
+    for prefix in prefixes:
+        text = text.replace(str(prefix).rstrip("/") + "/", "")
+    return text.replace(str(Path.home()), "~")
+
+
+# ---------------------------------------------------------------- writing
+
+def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, key: str, runner: str,
+                       started: float, build: dict | None = None, reason: str | None = None) -> Path:
+    """The record of one build of `cell` from its output folder (steps.json, verify.json, build.json)."""
+    import time
+
+    from farm.build.compile import by_arch, first_error
+
+    state = _read_json(out / "steps.json")
+    source = state.get("source") or {}
+    work_src = Path(source.get("work_dir") or paths.cache_dir() / "work" / cell.id / "src")
+    report = _read_json(out / "verify.json")
+    arches = next((c for c in report.get("checks", []) if c.get("name") == "arches"), {})
+    union = (arches.get("details") or {}).get("union") or {}
+    build = build or {}
+    wheel = build.get("wheel")
+    wheel_path = out / "wheel" / wheel if wheel else None
+    compile_state = state.get("compile") or {}
+    record = {
+        "recipe": recipe.name, "cell": cell.id, "tier": tier, "date": _now(),
+        # no description: a path source's names this machine's folder
+        "source": {k: source.get(k) for k in ("kind", "commit", "sha256", "pin") if source.get(k)},
+        "patches": [{"file": f, "sha256": h} for f, h in source.get("patches") or []],
+        "arch_list": cell.arch.arch_list.torch(), "wall_s": round(time.time() - started, 1),
+        "steps": state.get("timings") or {}, "peak_mb": compile_state.get("peak_process_mb"),
+        "runner": runner, "build_key": key, "farm_version": __version__,
+    }
+    if tier_asked == "smoke" or tier == "smoke":
+        record["smoke_of"] = cell.arch.provenance
+    if report:
+        record["gate"] = "pass" if report.get("passed") else "fail: " + ", ".join(report.get("failed") or [])
+        record["gate_warnings"] = report.get("warned") or []
+        record["sass"], record["ptx"] = by_arch(union.get("sass") or []), by_arch(union.get("ptx") or [])
+    cache = compile_state.get("compiler_cache") or {}
+    stats = cache.get("stats") or {}
+    # a warm cache makes wall time and peak memory a rebuild's, not a compile's: say so
+    record["compiler_cache"] = {"active": bool(cache.get("active")), "hits": stats.get("hits"),
+                                "misses": stats.get("misses")}
+    if compile_state.get("flags"):
+        flags = compile_state["flags"]
+        record["flags"] = flags
+        record["sass"], record["ptx"] = flags["sass"], flags["ptx"]
+    if wheel_path is not None and wheel_path.is_file():
+        record["wheel"], record["wheel_bytes"] = wheel, wheel_path.stat().st_size
+    if tier == "failed":
+        record["tier_asked"] = tier_asked
+        line = first_error(out / "compile.log") if "compile" in (state.get("failed") or {}) else None
+        line = line or re.sub(r"\s*\(log: [^)]*\)$", "", reason or "")
+        record["reason"] = shorten(_portable(line, work_src, out, paths.PROJECT_ROOT))
+    return _write(recipe.name, record)
+
+
+def write_blocked_record(name: str, why: str, cell: str, folder: Path | None = None) -> Path:
+    return _write(name, {"recipe": name, "cell": cell, "tier": "blocked", "date": _now(), "reason": why,
+                         "farm_version": __version__}, folder)
+
+
+def _write(name: str, record: dict, folder: Path | None = None) -> Path:
+    path = Path(folder or records_dir()) / f"{name}.json"
+    write_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- reading
+
+def read_records(folder: Path) -> dict[str, dict]:
+    """Every `<name>.json` in `folder`, checked: a bad one is refused naming the file, key and value."""
+    records = {}
+    for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
+        where = paths.display(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise BadInput(where, None, None, f"not a JSON build record: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
+        if data.get("recipe") != path.stem:
+            raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.stem}.json must name {path.stem}")
+        if data.get("tier") not in RECORD_TIERS:
+            raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
+        for key in ("cell", "date"):
+            if not isinstance(data.get(key), str) or not data[key]:
+                raise BadInput(where, key, data.get(key), "expected a non-empty string")
+        if data["tier"] in ("failed", "blocked") and not (isinstance(data.get("reason"), str) and data["reason"]):
+            raise BadInput(where, "reason", data.get("reason"), f"a {data['tier']} record says why in one line")
+        for key in ("wall_s", "peak_mb", "wheel_bytes"):
+            if data.get(key) is not None and (not isinstance(data[key], (int, float)) or isinstance(data[key], bool)
+                                              or data[key] < 0):
+                raise BadInput(where, key, data[key], "expected a number >= 0")
+        for key in ("sass", "ptx"):
+            if not isinstance(data.get(key, []), list):
+                raise BadInput(where, key, data[key], "expected a list like ['sm_80', 'sm_90']")
+        records[path.stem] = data
+    return records
+
+
+# ---------------------------------------------------------------- the table
+
+def _pin(recipe, record: dict) -> str:
+    src = record.get("source") or {}
+    if src.get("commit"):
+        return src["commit"][:12]
+    if src.get("sha256"):
+        return f"sha256 {src['sha256'][:12]}"
+    s = recipe.source
+    if s.kind == "git":
+        return (s.pinned_commit or "")[:12] or f"{s.ref} (tag, commit unrecorded)"
+    if s.kind == "sdist":
+        return s.pypi or (s.sha256 or "")[:12] or "sdist"
+    return f"path {s.path_text}"
+
+
+def _size(n) -> str:
+    if n is None:
+        return ""
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
+
+
+def _wall(s) -> str:
+    if s is None:
+        return ""
+    return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
+
+
+def _gate(record: dict) -> str:
+    flags = record.get("flags")
+    if flags:
+        if flags.get("equal"):
+            return f"flags equal the list ({flags.get('compiling_invocations')} nvcc calls)"
+        parts = [f"missing {' '.join(flags['missing'])}" if flags.get("missing") else "",
+                 f"extra {' '.join(flags['extra'])}" if flags.get("extra") else ""]
+        return f"flags differ: {'; '.join(p for p in parts if p) or 'no nvcc call seen'}"
+    gate = record.get("gate") or ""
+    warned = record.get("gate_warnings") or []
+    return f"{gate} (warn: {', '.join(warned)})" if gate == "pass" and warned else gate
+
+
+def status_rows(recipes: dict, records: dict[str, dict]) -> list[dict]:
+    """One row per recipe, in name order."""
+    rows = []
+    for name in sorted(recipes):
+        recipe, rec = recipes[name], records.get(name, {})
+        patches = [p["file"] for p in rec.get("patches") or []] if rec.get("patches") else \
+            [p.file for p in recipe.patches]
+        peak = rec.get("peak_mb")
+        hits = (rec.get("compiler_cache") or {}).get("hits")
+        rows.append({
+            "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
+            "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else ""),
+            "cell": rec.get("cell") or status_cell_id(recipe), "wall": _wall(rec.get("wall_s")) + (f" ({hits} ccache hits)" if hits else ""),
+            "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
+            "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
+            "date": (rec.get("date") or "")[:10], "reason": rec.get("reason") or "",
+        })
+    return rows
+
+
+def render_text(rows: list[dict]) -> str:
+    shown = [c for c in COLUMNS if c != "reason"]
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in shown}
+    lines = ["  ".join(c.ljust(widths[c]) for c in shown)]
+    for r in rows:
+        lines.append("  ".join(r[c].ljust(widths[c]) for c in shown).rstrip()
+                     + (f"  -- {r['reason']}" if r["reason"] else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|") or " "
+
+
+def render_markdown(rows: list[dict], records_folder: str) -> str:
+    tiers: dict[str, int] = {}
+    for r in rows:
+        tier = r["tier"].split(" (")[0]
+        tiers[tier] = tiers.get(tier, 0) + 1
+    counts = ", ".join(f"{n} {t}" for t, n in sorted(tiers.items()))
+    head = [
+        "# Recipe status",
+        "",
+        f"Generated by `farm recipes status` from the build records in `{records_folder}/`; do not edit by hand.",
+        f"The status cell is CUDA {STATUS_CUDA} / torch {STATUS_TORCH} / Python {STATUS_PYTHON} / "
+        f"{STATUS_PLATFORM} (x86_64). Tiers: full (built and verified), smoke (one arch token built and verified), "
+        "flags (nvcc's targets recorded and compared, not built), failed, blocked.",
+        "",
+        f"{len(rows)} recipes: {counts}.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    body = ["| " + " | ".join(_md_cell(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(head + body) + "\n"
+
+
+def generate(records_folder: Path | None = None, out: Path | None = None) -> tuple[str, Path]:
+    """Read every record (refusing a bad one before writing anything), write the markdown table;
+    the text table and the file written."""
+    from farm.recipes.recipe import load_recipes
+
+    folder = Path(records_folder or records_dir())
+    records = read_records(folder)
+    recipes = load_recipes()
+    rows = status_rows(recipes, records)
+    target = Path(out or paths.PROJECT_ROOT / STATUS_DOC)
+    write_atomic(target, render_markdown(rows, paths.display(folder)))
+    stale = sorted(set(records) - set(recipes))
+    text = render_text(rows) + (f"records without a recipe (ignored): {', '.join(stale)}\n" if stale else "")
+    return text, target
+
+
+# ---------------------------------------------------------------- CLI: farm recipes status | block | rebuild
+
+def register_verbs(verbs) -> None:
+    status = verbs.add_parser("status", help="print the status table and write docs/recipe-status.md from the "
+                                             "build records")
+    status.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    status.add_argument("--out", type=Path, help=f"markdown file to write (default {STATUS_DOC})")
+    status.set_defaults(func=status_command)
+    block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
+    block.add_argument("name")
+    block.add_argument("--why", required=True, help="one line: what blocks it")
+    block.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    block.set_defaults(func=block_command)
+    rebuild = verbs.add_parser("rebuild", help="build the named recipes' status cells one at a time, record them, "
+                                               "regenerate the table")
+    rebuild.add_argument("names", nargs="+")
+    rebuild.add_argument("--tier", choices=("full", "smoke", "flags"), default="full")
+    rebuild.add_argument("--for", dest="minutes", type=float, help="flags tier: minutes of compile (default 10)")
+    rebuild.add_argument("--runner", choices=("container", "host"), default="container")
+    rebuild.set_defaults(func=rebuild_command)
+
+
+def status_command(args) -> int:
+    text, target = generate(args.records, args.out)
+    print(text, end="")
+    print(f"wrote {paths.display(target)}")
+    return 0
+
+
+def _known(name: str):
+    from farm.recipes.recipe import load_recipes
+
+    recipes = load_recipes()
+    if name not in recipes:
+        raise BadInput("farm recipes", "name", name, f"no such recipe in {paths.display(paths.recipes_dir())}/")
+    return recipes[name]
+
+
+def block_command(args) -> int:
+    why = " ".join(args.why.split())
+    if not why or "\n" in args.why.strip():
+        raise BadInput("farm recipes block", "--why", args.why, "say what blocks it in one non-empty line")
+    recipe = _known(args.name)
+    path = write_blocked_record(recipe.name, why, status_cell_id(recipe), args.records)
+    print(f"{recipe.name}: blocked ({why}); recorded in {paths.display(path)}")
+    return 0
+
+
+def rebuild_command(args) -> int:
+    """One build at a time (each may use every core), records written even when a build fails."""
+    import subprocess
+    import sys
+
+    cells = [status_cell_id(_known(name)) for name in args.names]   # every name checked before building
+    failed = []
+    for cell in cells:
+        # a cold compile: the record's wall time and peak memory set the recipe's timeout and peak_gb_per_job
+        argv = [sys.executable, "-m", "farm", "build", cell, "--runner", args.runner, "--record", "--force",
+                "--no-publish", "--no-compiler-cache"]
+        if args.tier == "smoke":
+            argv.append("--smoke")
+        elif args.tier == "flags":
+            argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes else [])
+        print(f"$ farm {' '.join(argv[3:])}", flush=True)
+        if subprocess.run(argv).returncode != 0:
+            failed.append(cell)
+    text, target = generate()
+    print(text, end="")
+    print(f"wrote {paths.display(target)}")
+    if failed:
+        print(f"farm: {len(failed)} of {len(cells)} builds failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

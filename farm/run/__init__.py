@@ -1,0 +1,1 @@
+"""Many cells: selection, scheduling, reports, the cache budget, CI and the demo."""

@@ -1,0 +1,281 @@
+"""Heavy cache entries: built once under a lock, used under a shared lock, evicted LRU.
+
+An entry is a directory under cache_dir()/<kind>/ (toolkits, envs, overlays) or
+a file under cache_dir()/downloads/. A directory entry is complete only when its
+marker (`.farm-complete.json`) exists; the marker is written last, so a crash
+mid-build leaves a directory that is simply rebuilt. Users hold a shared flock
+on the entry's lock file (`.<name>.lock` next to it) for as long as they use
+it; eviction takes the exclusive lock without waiting, so an entry in use is
+never removed. The lock file's mtime is the entry's last use (LRU order).
+
+Budget: FARM_CACHE_BUDGET_GB (default 80; 0 = unlimited), and never more than leaves
+FARM_CACHE_RESERVE_GB (default 10) of the disk free: a torch environment is ~4.7 GB.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.errors import FarmError
+from farm.paths import cache_dir
+from farm.yamlio import write_atomic
+
+MARKER = ".farm-complete.json"
+DIR_KINDS = ("toolkits", "envs", "overlays")
+DOWNLOADS = "downloads"
+DEFAULT_BUDGET_GB = 80.0
+
+
+def lock_file(entry: Path) -> Path:
+    return entry.parent / f".{entry.name}.lock"
+
+
+def _open_lock(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+@contextmanager
+def flocked(path: Path, shared: bool = False):
+    """Hold a blocking flock on `path` (created when missing)."""
+    fd = _open_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def try_exclusive(path: Path) -> int | None:
+    """The fd of an exclusive lock on `path`, or None when someone holds it."""
+    fd = _open_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def read_marker(entry: Path) -> dict | None:
+    try:
+        return json.loads((entry / MARKER).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                total += st.st_blocks * 512 if st.st_blocks else st.st_size
+    return total
+
+
+def make_read_only(path: Path) -> None:
+    """Drop write bits everywhere below `path` (a signal to tools and non-root users)."""
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            p = os.path.join(root, name)
+            st = os.lstat(p)
+            if not stat.S_ISLNK(st.st_mode):
+                os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o222)
+    os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & ~0o222)
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also works on read-only trees."""
+    def writable(func, p, _exc):
+        os.chmod(os.path.dirname(p), 0o755)
+        if not os.path.islink(p) and os.path.isdir(p):
+            os.chmod(p, 0o755)
+        func(p)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        os.chmod(path, 0o755)
+        shutil.rmtree(path, onerror=writable)
+
+
+class Lease:
+    """A shared lock on a complete entry, held until close() (or process exit)."""
+
+    def __init__(self, entry: Path, fd: int, info: dict, built: bool):
+        self.entry, self._fd, self.info, self.built = entry, fd, info, built
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def acquire(entry: Path, build: Callable[[Path], dict], *, read_only: bool = True) -> Lease:
+    """Return a shared lease on the complete entry, building it first when needed.
+
+    `build(entry)` fills the (fresh, empty) directory and returns metadata for
+    the marker. It runs under the exclusive lock, so concurrent callers wait
+    and then reuse the result. Anything left by an earlier crash is removed first.
+    """
+    lock = lock_file(entry)
+    built = False
+    for _attempt in range(3):
+        info = read_marker(entry)
+        if info is None:
+            with flocked(lock):
+                info = read_marker(entry)
+                if info is None:
+                    if entry.exists() or entry.is_symlink():
+                        remove_tree(entry)  # half-built by a crashed run
+                    entry.mkdir(parents=True)
+                    try:
+                        info = dict(build(entry))
+                    except BaseException:
+                        remove_tree(entry)
+                        raise
+                    info.setdefault("created", time.time())
+                    info["size_bytes"] = tree_size(entry)
+                    if read_only:
+                        make_read_only(entry)
+                    os.chmod(entry, 0o755)  # the marker goes in; the tree below stays read-only
+                    write_atomic(entry / MARKER, json.dumps(info, indent=1, sort_keys=True))
+                    os.chmod(entry / MARKER, 0o444)
+                    if read_only:
+                        os.chmod(entry, 0o555)
+                    built = True
+        fd = _open_lock(lock)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        info = read_marker(entry)
+        if info is not None:          # not evicted between build and lease
+            os.utime(lock)
+            return Lease(entry, fd, info, built)
+        os.close(fd)
+    raise FarmError(f"cache entry {entry} keeps disappearing (evicted while being acquired?)")
+
+
+@contextmanager
+def downloads_in_use(root: Path | None = None):
+    """Shared lock over the downloads folder while reading or adding files (eviction waits for none)."""
+    d = (root or cache_dir()) / DOWNLOADS
+    with flocked(d / ".downloads.lock", shared=True):
+        yield d
+
+
+def touch(paths: Iterable[Path]) -> None:
+    now = time.time()
+    for p in paths:
+        try:
+            os.utime(p, (now, now))
+        except FileNotFoundError:
+            pass
+
+
+# ---------------------------------------------------------------- budget
+
+@dataclass(frozen=True)
+class Usage:
+    path: Path
+    kind: str
+    size: int
+    last_used: float
+
+
+def budget_bytes() -> int | None:
+    raw = os.environ.get("FARM_CACHE_BUDGET_GB", "").strip()
+    try:
+        gb = float(raw) if raw else DEFAULT_BUDGET_GB
+    except ValueError:
+        from farm.errors import BadInput
+        raise BadInput("environment", "FARM_CACHE_BUDGET_GB", raw, "expected a number of GB (0 = unlimited)") from None
+    return None if gb <= 0 else int(gb * 1024**3)
+
+
+def usage(root: Path | None = None) -> list[Usage]:
+    root = root or cache_dir()
+    out: list[Usage] = []
+    for kind in DIR_KINDS:
+        folder = root / kind
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            info = read_marker(entry)
+            size = info["size_bytes"] if info else tree_size(entry)
+            lock = lock_file(entry)
+            when = lock.stat().st_mtime if lock.exists() else entry.stat().st_mtime
+            out.append(Usage(entry, kind, size, when))
+    dl = root / DOWNLOADS
+    if dl.is_dir():
+        for f in dl.iterdir():
+            if f.is_file() and f.suffix == ".whl":
+                st = f.stat()
+                out.append(Usage(f, DOWNLOADS, st.st_size, st.st_mtime))
+    return out
+
+
+def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) -> list[Path]:
+    """Evict least recently used entries until the caches fit the budget; return what went."""
+    root = root or cache_dir()
+    configured = budget == -1
+    budget = budget_bytes() if configured else budget
+    if budget is None:
+        return []
+    entries = usage(root)
+    total = sum(u.size for u in entries)
+    if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
+        reserve = int(float(os.environ.get("FARM_CACHE_RESERVE_GB", "10")) * 1024**3)
+        budget = min(budget, total + shutil.disk_usage(root).free - reserve)
+    removed: list[Path] = []
+    if total <= budget:
+        return removed
+    dl_fd = None
+    try:
+        for u in sorted(entries, key=lambda u: u.last_used):
+            if total <= budget:
+                break
+            if u.kind == DOWNLOADS:
+                if dl_fd is None:
+                    dl_fd = try_exclusive(root / DOWNLOADS / ".downloads.lock")
+                    if dl_fd is None:
+                        dl_fd = -1   # downloads busy: skip them this round
+                if dl_fd == -1:
+                    continue
+                u.path.unlink(missing_ok=True)
+            else:
+                fd = try_exclusive(lock_file(u.path))
+                if fd is None:
+                    continue          # in use
+                try:
+                    (u.path / MARKER).exists() and os.chmod(u.path, 0o755)
+                    (u.path / MARKER).unlink(missing_ok=True)   # no longer complete, then gone
+                    remove_tree(u.path)
+                finally:
+                    os.close(fd)
+            total -= u.size
+            removed.append(u.path)
+            if log:
+                log(f"cache: evicted {u.kind}/{u.path.name} ({u.size / 1024**3:.2f} GB, least recently used)")
+    finally:
+        if dl_fd not in (None, -1):
+            os.close(dl_fd)
+    return removed

@@ -1,0 +1,69 @@
+"""`farm demo`: the main job on its embedded default, end to end.
+
+Build the bundled farm_demo extension for a cell this machine can build
+(cu130 / torch 2.13 / Python 3.11), publish it into a wheelhouse, serve that
+wheelhouse on 127.0.0.1, install the wheel from its channel with pip as a
+user would, and show what the installed binary carries.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from farm import paths
+from farm.arch.find import PYPI_SIMPLE
+from farm.build.cell import build_cell
+from farm.errors import FarmError
+
+DEMO_CELL = "farm_demo-cu130-torch2.13-py311"
+
+
+class DemoFailed(FarmError):
+    exit_code = 1
+
+
+def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelhouse: Path | None = None,
+             log=print, build_dir: Path | None = None) -> dict:
+    from packaging.utils import parse_wheel_filename
+
+    from farm.arch.fatbin import read_fatbin
+    from farm.recipes.plan import find_cell
+    from farm.wheelhouse import channel_root
+    from farm.wheelhouse.serve import make_server
+
+    cell_id = cell_id or DEMO_CELL
+    house = Path(wheelhouse or paths.wheelhouse_dir())
+    build_dir = Path(build_dir or paths.PROJECT_ROOT / "build")
+    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log, out=build_dir / cell_id)
+    access_log = build_dir / "demo-access.log"
+    access_log.parent.mkdir(parents=True, exist_ok=True)
+    server = make_server(house, "127.0.0.1", 0, access_log=access_log)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cell = find_cell(cell_id)
+        channel = f"http://127.0.0.1:{port}/{channel_root(cell.cuda, cell.torch)}/"
+        version = parse_wheel_filename(result.wheel.name)[1]
+        with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:
+            target = Path(tmp) / "site"
+            cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+                   "--index-url", channel, "--extra-index-url", PYPI_SIMPLE, f"farm_demo=={version}"]
+            log(f"$ {' '.join(cmd[2:])}")
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise DemoFailed(f"pip could not install from {channel}: {proc.stderr.strip().splitlines()[-1:]}")
+            installed = next(target.glob("farm_demo-*.dist-info")).name
+            modules = sorted(target.glob("farm_demo/_C*.so"))
+            report = read_fatbin(modules[0])
+            sass, ptx = " ".join(report.names("SASS")), " ".join(report.names("PTX"))
+    finally:
+        server.shutdown()
+    log(f"installed {installed} from {channel} (server log: {access_log})")
+    log(f"  SASS: {sass}")
+    log(f"  PTX:  {ptx}")
+    return {"wheel": str(result.wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}

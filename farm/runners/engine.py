@@ -1,0 +1,365 @@
+"""The container engine behind the Docker CLI: docker or podman, one class.
+
+The farm speaks only Docker CLI verbs (build, create, start, wait, rm, run, cp,
+inspect, import), which both `docker` and `podman` understand (SPEC 8.2). Which
+executable is used: `FARM_ENGINE` (docker | podman | a path), else the first of
+docker, podman that answers `info`. Engine differences are handled here and
+nowhere else; each one is commented where it is handled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.errors import FarmError
+
+ENGINE_NAMES = ("docker", "podman")
+# The docker client answers `--version` without an engine; `info` needs the engine itself.
+_INFO_TIMEOUT = 20
+
+
+class EngineUnavailable(FarmError):
+    """No container engine answers; the message says which were tried and why."""
+
+    exit_code = 1
+
+
+class EngineError(FarmError):
+    """An engine command failed (not a build step: those report an exit code)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount: host `source` at `target` inside the container."""
+
+    source: Path | str
+    target: str
+    read_only: bool = False
+
+    def as_arg(self) -> str:
+        # --mount rather than -v: -v splits on ':' and breaks on paths containing one.
+        opts = f"type=bind,source={Path(self.source).resolve()},target={self.target}"
+        return opts + (",readonly" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: str | None = None  # e.g. "8g"
+    cpus: float | None = None  # e.g. 2 or 1.5
+
+    def as_args(self) -> list[str]:
+        args: list[str] = []
+        if self.memory:
+            # Swap equal to memory: an over-budget compiler is killed (exit 137 = oom), not paged.
+            args += [f"--memory={self.memory}", f"--memory-swap={self.memory}"]
+        if self.cpus:
+            args += [f"--cpus={self.cpus:g}"]
+        return args
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    timed_out: bool = False
+    container_id: str = ""
+
+
+def _docker_platform(arch: str) -> str:
+    """x86_64/aarch64 (farm spelling) -> the engine's --platform value."""
+    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[arch]
+
+
+def engine_cwd() -> str:
+    """Where engine commands run: conmon (podman < 5.2) creates an empty `oom` file in its working
+    directory when a container is OOM-killed, which must not land in the caller's checkout."""
+    from farm.paths import cache_dir
+
+    folder = cache_dir() / "engine-cwd"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
+class Engine:
+    """One container engine reached through its Docker-compatible CLI."""
+
+    def __init__(self, exe: str, name: str | None = None, env: dict[str, str] | None = None):
+        self.exe = exe
+        base = Path(exe).name
+        # What the CLI is, not what answers behind it: `docker` may talk to podman's service.
+        self.name = name or ("podman" if "podman" in base else "docker")
+        self.env = env
+
+    # ----- discovery ---------------------------------------------------------------
+
+    @classmethod
+    def detect(cls) -> Engine:
+        """FARM_ENGINE, else the first of docker, podman whose `info` answers."""
+        wanted = os.environ.get("FARM_ENGINE", "").strip()
+        candidates = [wanted] if wanted else list(ENGINE_NAMES)
+        why: list[str] = []
+        for cand in candidates:
+            exe = shutil.which(cand) or (cand if os.path.isfile(cand) else None)
+            if not exe:
+                why.append(f"{cand}: not installed")
+                continue
+            eng = cls(exe)
+            ok, detail = eng.answers()
+            if ok:
+                return eng
+            why.append(f"{cand}: `{cand} info` failed: {detail}")
+        hint = "" if wanted else " (run `make setup-engine`)"
+        raise EngineUnavailable("no container engine answers: " + "; ".join(why) + hint)
+
+    @classmethod
+    def available(cls) -> Engine | None:
+        try:
+            return cls.detect()
+        except EngineUnavailable:
+            return None
+
+    def answers(self) -> tuple[bool, str]:
+        try:
+            p = self._run(["info", "--format", "{{json .}}"], check=False, timeout=_INFO_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return False, f"no answer in {_INFO_TIMEOUT}s"
+        if p.returncode == 0:
+            return True, ""
+        last = (p.stderr or p.stdout).strip().splitlines()
+        return False, last[-1] if last else f"exit {p.returncode}"
+
+    def describe(self) -> dict:
+        """Engine name and server version for the build record (from `info`)."""
+        p = self._run(["info", "--format", "{{json .}}"], check=False, timeout=_INFO_TIMEOUT)
+        version = ""
+        try:
+            data = json.loads(p.stdout)
+            # docker: ServerVersion at the top; podman: version.Version (lower-case key).
+            version = data.get("ServerVersion") or (data.get("version") or {}).get("Version", "")
+        except (ValueError, AttributeError):
+            pass
+        return {"engine": self.name, "exe": self.exe, "version": version}
+
+    # ----- plumbing -------------------------------------------------------------
+
+    def _run(self, args: list[str], check: bool = True, timeout: float | None = None,
+             **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        kw.setdefault("cwd", engine_cwd())
+        env = None if self.env is None else {**os.environ, **self.env}
+        p = subprocess.run([self.exe, *args], timeout=timeout, env=env, **kw)
+        if check and p.returncode != 0:
+            err = (p.stderr or "").strip().splitlines() if kw.get("text") else []
+            raise EngineError(f"{self.name} {args[0]} failed (exit {p.returncode}): "
+                              + (err[-1] if err else "no message"))
+        return p
+
+    # ----- images ---------------------------------------------------------------
+
+    def inspect(self, ref: str, kind: str = "image") -> dict | None:
+        """`inspect --type image|container`; None when it does not exist."""
+        p = self._run(["inspect", "--type", kind, ref], check=False)
+        if p.returncode != 0:
+            return None
+        data = json.loads(p.stdout or "[]")
+        return data[0] if data else None
+
+    def image_id(self, ref: str) -> str | None:
+        data = self.inspect(ref)
+        if not data:
+            return None
+        return _full_id(data.get("Id", ""))
+
+    def image_arch(self, ref: str) -> str | None:
+        data = self.inspect(ref)
+        return None if not data else {"amd64": "x86_64", "arm64": "aarch64"}.get(data.get("Architecture", ""))
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        data = self.inspect(ref) or {}
+        # docker keeps labels under Config.Labels; podman fills both Labels and Config.Labels.
+        return dict((data.get("Config") or {}).get("Labels") or data.get("Labels") or {})
+
+    def import_tarball(self, tarball: Path, ref: str, arch: str, changes: list[str] = ()) -> str:
+        """Import a root filesystem tarball as image `ref`; returns its id."""
+        args = ["import"]
+        for c in changes:
+            args += ["--change", c]
+        if self.name == "podman":
+            # podman 4.3 `import` has no --platform (docker's spelling); it takes --arch/--os.
+            args += ["--os", "linux", "--arch", _docker_platform(arch).split("/")[1]]
+        else:
+            args += ["--platform", _docker_platform(arch)]
+        self._run([*args, str(tarball), ref], timeout=1800)
+        return self.image_id(ref) or ""
+
+    def build(self, context: Path, tag: str, dockerfile: Path | None = None,
+              build_args: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+              arch: str | None = None, network: bool = True, log_path: Path | None = None,
+              pull: bool = False) -> str:
+        """`build` the context into `tag`; output goes to log_path; returns the image id."""
+        args = ["build", "-t", tag]
+        if dockerfile:
+            args += ["-f", str(dockerfile)]
+        for k, v in (build_args or {}).items():
+            args += ["--build-arg", f"{k}={v}"]
+        for k, v in (labels or {}).items():
+            args += ["--label", f"{k}={v}"]
+        if arch:
+            args += ["--platform", _docker_platform(arch)]
+        if not network:
+            args += ["--network=none"]
+        if self.name == "podman" and not pull:
+            # podman may otherwise ask a registry about a local FROM image (localhost/...),
+            # and none is reachable where local bases are used.
+            args += ["--pull=never"]
+        args.append(str(context))
+        with _log_sink(log_path) as sink:
+            p = self._run(args, check=False, capture_output=False, stdout=sink, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            last = ""
+            if log_path:
+                lines = [ln for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
+                last = f": {lines[-1].strip()[-240:]}" if lines else ""
+            where = f" (log {log_path})" if log_path else ""
+            raise EngineError(f"{self.name} build of {tag} failed (exit {p.returncode}){last}{where}")
+        return self.image_id(tag) or ""
+
+    # ----- containers -----------------------------------------------------------
+
+    def create(self, image: str, argv: list[str], mounts: list[Mount] = (), env: dict[str, str] | None = None,
+               workdir: str | None = None, limits: Limits | None = None, network: bool = True,
+               arch: str | None = None, name: str | None = None, user: str | None = None) -> str:
+        """`create` a container (not started); returns its id."""
+        args = ["create"]
+        if name:
+            args += ["--name", name]
+        for m in mounts:
+            args += ["--mount", m.as_arg()]
+        for k, v in (env or {}).items():
+            args += ["--env", f"{k}={v}"]
+        if workdir:
+            args += ["--workdir", workdir]
+        if user:
+            args += ["--user", user]
+        args += (limits or Limits()).as_args()
+        if not network:
+            args.append("--network=none")
+        if arch:
+            args += ["--platform", _docker_platform(arch)]
+        if self.name == "podman":
+            # Never reach for a registry: images are local (and none is reachable here).
+            args += ["--pull=never"]
+        args += [image, *argv]
+        p = self._run(args)
+        return p.stdout.strip().splitlines()[-1]
+
+    def start(self, container: str, log_path: Path | None = None, timeout: float | None = None) -> bool:
+        """Start and follow the container's output into log_path until it stops.
+
+        Returns False when `timeout` seconds passed first (the container is then killed).
+        The exit code is NOT taken from here: use wait(). `start -a` (like `run --rm`)
+        reports a wrong exit status with the docker CLI against some podman services.
+        """
+        with _log_sink(log_path) as sink:
+            proc = subprocess.Popen([self.exe, "start", "--attach", container], stdout=sink,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=engine_cwd(),
+                                    env=None if self.env is None else {**os.environ, **self.env})
+            try:
+                proc.wait(timeout=timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                self._run(["rm", "-f", container], check=False)
+                proc.kill()
+                proc.wait()
+                return False
+
+    def wait(self, container: str) -> int:
+        """The container's exit code, read with `wait` (the one reliable source)."""
+        p = self._run(["wait", container])
+        lines = p.stdout.strip().splitlines()
+        try:
+            return int(lines[-1])
+        except (IndexError, ValueError) as exc:
+            raise EngineError(f"{self.name} wait {container}: unreadable exit code {p.stdout!r}") from exc
+
+    def cp_out(self, container: str, src: str, dest: Path) -> None:
+        self._run(["cp", f"{container}:{src}", str(dest)])
+
+    def rm(self, container: str) -> None:
+        self._run(["rm", "-f", container], check=False)
+
+    def run(self, image: str, argv: list[str], log_path: Path | None = None, timeout: float | None = None,
+            **create_kw) -> RunResult:
+        """create + start + wait + rm: a one-shot container whose exit code is faithful.
+
+        Deliberately not `run --rm`: the docker CLI talking to podman's service
+        (podman 4.3 here) loses that exit code and reports 0.
+        """
+        cid = self.create(image, argv, **create_kw)
+        try:
+            finished = self.start(cid, log_path=log_path, timeout=timeout)
+            if not finished:
+                return RunResult(exit_code=124, timed_out=True, container_id=cid)
+            return RunResult(exit_code=self.wait(cid), container_id=cid)
+        finally:
+            self.rm(cid)
+
+    def output(self, image: str, argv: list[str], **create_kw) -> str:
+        """Run a short command in `image` and return its output; fails on non-zero exit."""
+        tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"farm-engine-{os.getpid()}-{time.monotonic_ns()}.log"
+        try:
+            res = self.run(image, argv, log_path=tmp, **create_kw)
+            text = tmp.read_text(errors="replace")
+        finally:
+            tmp.unlink(missing_ok=True)
+        if res.exit_code != 0:
+            raise EngineError(f"{' '.join(argv)} in {image} exited {res.exit_code}: {text.strip()[-300:]}")
+        return text
+
+
+def _full_id(raw: str) -> str:
+    return raw if raw.startswith("sha256:") or not raw else f"sha256:{raw}"
+
+
+class _log_sink:
+    """A file to append output to, or DEVNULL when no log is wanted."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.fh = path, None
+
+    def __enter__(self):
+        if self.path is None:
+            return subprocess.DEVNULL
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "ab")
+        return self.fh
+
+    def __exit__(self, *exc):
+        if self.fh:
+            self.fh.close()
+
+
+def ensure_engine(setup: bool = True) -> Engine:
+    """An engine that answers; when none does, run scripts/setup-engine.sh once and retry.
+
+    The setup script is idempotent (apt installs, containers.conf, `podman info`).
+    """
+    try:
+        return Engine.detect()
+    except EngineUnavailable as first:
+        script = Path(__file__).resolve().parent.parent / "scripts" / "setup-engine.sh"
+        if not setup or not script.exists():
+            raise
+        p = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+        if p.returncode != 0:
+            last = (p.stdout + p.stderr).strip().splitlines()
+            raise EngineUnavailable(f"{first}; setup-engine.sh failed: {last[-1] if last else p.returncode}") from None
+        return Engine.detect()

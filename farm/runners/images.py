@@ -1,0 +1,456 @@
+"""Builder images: the local Debian base, the builder image built from docker/Dockerfile,
+what each image provides (glibc, platform tag, Pythons), and QEMU for aarch64 images.
+
+Production builds FROM quay.io/pypa/manylinux_2_28_{x86_64,aarch64}. Where no registry
+is reachable (here), the base is debootstrapped Debian bookworm imported into the
+engine. Everything heavy is cached under cache_dir()/images and keyed by a hash of
+its recipe, so nothing is rebuilt unless the recipe (package list, Dockerfile,
+install script) changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform as _platform
+import re
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from farm.errors import BadInput, FarmError
+from farm.paths import PROJECT_ROOT, cache_dir
+from farm.platforms import plat_glibc
+from farm.runners.engine import Engine, EngineError, Mount
+from farm.yamlio import write_atomic
+
+DOCKER_DIR = PROJECT_ROOT / "docker"
+DOCKERFILE = DOCKER_DIR / "Dockerfile"
+INSTALL_SCRIPT = DOCKER_DIR / "install-deps.sh"
+ARCHES = ("x86_64", "aarch64")
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+SUITE = "bookworm"
+DEBIAN_MIRROR = os.environ.get("FARM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PRODUCTION_BASE = "quay.io/pypa/manylinux_2_28_{arch}"
+# Bump when the way a base tarball is made changes (not its inputs, those are hashed).
+_BASE_RECIPE_VERSION = 1
+# Bump when what _probe() records changes, so existing records are redone.
+_RECORD_VERSION = 1
+IMAGE_FACTS_PATH = "/etc/farm-image.json"
+
+# A shared object like a torch extension's: C++ standard library, threads, call_once,
+# thread_local. What its symbol versions need is the lowest tag the image's toolchain
+# gives such code: on glibc >= 2.34 std::call_once binds pthread_once@GLIBC_2.34
+# (libpthread moved into libc), so a Debian 12 base yields manylinux_2_34 (SPEC 8.3).
+_PLAT_PROBE_CPP = r"""
+#include <cmath>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+static std::once_flag once;
+static std::mutex m;
+thread_local std::string tls;
+extern "C" double farm_probe(int n) {
+    std::call_once(once, [] { tls = "1"; });
+    std::vector<std::thread> ts; double acc = 0;
+    for (int i = 0; i < n; ++i) ts.emplace_back([&acc, i] { std::lock_guard<std::mutex> g(m); acc += std::sqrt(double(i)); });
+    for (auto &t : ts) t.join();
+    std::ostringstream os; os << acc;
+    return std::stod(os.str() + tls);
+}
+"""
+
+
+class ImageError(FarmError):
+    exit_code = 1
+
+
+def images_dir() -> Path:
+    return cache_dir() / "images"
+
+
+def host_arch() -> str:
+    m = _platform.machine()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def check_arch(arch: str) -> str:
+    if arch not in ARCHES:
+        raise BadInput("farm images", "--arch", arch, f"must be one of {', '.join(ARCHES)}")
+    return arch
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# ----- the Debian base (debootstrap + import) ----------------------------------------
+
+
+def apt_packages() -> list[str]:
+    """The apt package list, read from the one install script."""
+    out = subprocess.run(["sh", str(INSTALL_SCRIPT), "--print", "apt"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def base_recipe(arch: str) -> dict:
+    return {"suite": SUITE, "variant": "minbase", "arch": DEB_ARCH[check_arch(arch)],
+            "include": sorted(apt_packages()), "version": _BASE_RECIPE_VERSION}
+
+
+def base_key(arch: str) -> str:
+    return _sha(json.dumps(base_recipe(arch), sort_keys=True))[:16]
+
+
+def base_ref(arch: str) -> str:
+    return f"localhost/farm-base:{SUITE}-{arch}-{base_key(arch)[:12]}"
+
+
+def base_tarball(arch: str) -> Path:
+    return images_dir() / f"base-{SUITE}-{arch}-{base_key(arch)}.tar"
+
+
+def _say(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"farm images: {msg}", flush=True)
+
+
+def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
+    if os.geteuid() != 0:
+        raise ImageError("debootstrap needs root (run `farm images base` as root, or import a base by hand)")
+    if not shutil.which("debootstrap"):
+        raise ImageError("debootstrap is not installed (run `make setup-engine`)")
+    if arch != host_arch():
+        # Debootstrap's second stage runs the target's binaries: needs binfmt + qemu.
+        setup_qemu(quiet=quiet)
+    recipe = base_recipe(arch)
+    work = Path(tempfile.mkdtemp(prefix=f"farm-deboot-{arch}-", dir=images_dir()))
+    root = work / "root"
+    try:
+        cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
+               "--include=" + ",".join(recipe["include"]), SUITE, str(root), DEBIAN_MIRROR]
+        _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
+        with open(log, "ab") as fh:
+            p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        if p.returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            raise ImageError(f"debootstrap failed (exit {p.returncode}): {tail[0]} (log {log})")
+        # Trim what a builder never needs; keep the image small and the tarball stable.
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(root / junk, ignore_errors=True)
+            (root / junk).mkdir(parents=True, exist_ok=True)
+        tmp = tarball.with_suffix(".tar.part")
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."], check=True)
+        os.replace(tmp, tarball)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ensure_base(arch: str, engine: Engine | None = None, quiet: bool = False) -> str:
+    """The local Debian base image for `arch` (debootstrapped once, imported once); returns its ref."""
+    check_arch(arch)
+    engine = engine or Engine.detect()
+    images_dir().mkdir(parents=True, exist_ok=True)
+    ref = base_ref(arch)
+    with FileLock(str(images_dir() / f".base-{arch}.lock")):
+        if engine.image_id(ref):
+            return ref
+        tarball = base_tarball(arch)
+        if not tarball.exists():
+            _debootstrap(arch, tarball, images_dir() / f"base-{arch}.log", quiet)
+        _say(f"importing {tarball.name} as {ref}", quiet)
+        engine.import_tarball(tarball, ref, arch, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+    return ref
+
+
+# ----- the builder image -----------------------------------------------------------
+
+
+@dataclass
+class Image:
+    """A built builder image and what it provides (the build record quotes it)."""
+
+    ref: str
+    id: str
+    arch: str
+    base: str
+    package_manager: str
+    glibc: str
+    plat: str  # the lowest manylinux tag this image's toolchain produces
+    plat_cap: str  # the highest its glibc allows
+    pythons: list[dict] = field(default_factory=list)  # {version, path, mount?}
+    cuda_home: str = ""
+    cuda: str = ""  # the CUDA_VERSION build argument (dnf images), "" when the toolkit comes from PyPI
+    key: str = ""
+
+    def python(self, version: str) -> dict | None:
+        """The interpreter for Python `version` ("3.12"), with the host prefix to mount if any."""
+        return next((p for p in self.pythons if p["version"] == version), None)
+
+    def python_versions(self) -> list[str]:
+        return [p["version"] for p in self.pythons]
+
+    def describe(self) -> dict:
+        return {"image_ref": self.ref, "image_id": self.id, "arch": self.arch, "base": self.base,
+                "glibc": self.glibc, "plat": self.plat, "pythons": self.python_versions()}
+
+
+def builder_key(arch: str, base: str, cuda: str = "") -> str:
+    """Hash of everything the image and its record come from: base recipe, Dockerfile,
+    install script, and the platform probe (which decides the recorded tag)."""
+    base_part = base_key(arch) if base.startswith("localhost/farm-base:") else base
+    return _sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), _PLAT_PROBE_CPP, cuda, arch,
+                str(_RECORD_VERSION))[:16]
+
+
+def builder_ref(arch: str, key: str) -> str:
+    return f"localhost/farm-builder:{arch}-{key[:12]}"
+
+
+def _records_dir() -> Path:
+    return images_dir() / "records"
+
+
+def _record_path(arch: str, key: str) -> Path:
+    return _records_dir() / f"{arch}-{key}.json"
+
+
+def build_args(base: str, cuda: str = "") -> dict[str, str]:
+    return {"BASE": base, "CUDA_VERSION": cuda}
+
+
+def render_production(arch: str, cuda: str = "13.0", engine_name: str = "docker") -> str:
+    """What `farm images build --dry-run` shows: the production build command and the dnf plan."""
+    check_arch(arch)
+    base = PRODUCTION_BASE.format(arch=arch)
+    tag = f"farm-builder:manylinux_2_28-{arch}" + (f"-cu{cuda.replace('.', '')}" if cuda else "")
+    plat = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[arch]
+    lines = [f"{engine_name} build --platform {plat} -f {DOCKERFILE.relative_to(PROJECT_ROOT)} "
+             f"--build-arg BASE={base} --build-arg CUDA_VERSION={cuda} -t {tag} "
+             f"{DOCKER_DIR.relative_to(PROJECT_ROOT)}",
+             "# RUN farm-install-deps (package manager: dnf)"]
+    plan = subprocess.run(["sh", str(INSTALL_SCRIPT), "--dry-run", "dnf"], capture_output=True, text=True,
+                          check=True, env={**os.environ, "ARCH": arch, "CUDA_VERSION": cuda})
+    lines += plan.stdout.rstrip().splitlines()
+    lines.append(f"# the image's tag: its AUDITWHEEL_PLAT, manylinux_2_28_{arch}")
+    return "\n".join(lines)
+
+
+def ensure_builder(arch: str | None = None, engine: Engine | None = None, base: str | None = None,
+                   cuda: str = "", force: bool = False, quiet: bool = False) -> Image:
+    """The builder image for `arch`, built only when its recipe changed (or `force`)."""
+    arch = check_arch(arch or host_arch())
+    engine = engine or Engine.detect()
+    base = base or ensure_base(arch, engine, quiet=quiet)
+    key = builder_key(arch, base, cuda)
+    ref = builder_ref(arch, key)
+    _records_dir().mkdir(parents=True, exist_ok=True)
+    with FileLock(str(images_dir() / f".builder-{arch}.lock")):
+        image_id = engine.image_id(ref)
+        rec = _read_record(_record_path(arch, key))
+        if image_id and rec and rec.id == image_id and not force:
+            return rec
+        if not image_id or force:
+            _say(f"building {ref} FROM {base}", quiet)
+            # A local base needs neither a registry nor the network (apt has all it needs).
+            local = base.startswith("localhost/")
+            log = images_dir() / f"build-{arch}-{key}.log"
+            log.unlink(missing_ok=True)
+            image_id = engine.build(DOCKER_DIR, ref, dockerfile=DOCKERFILE, build_args=build_args(base, cuda),
+                                    labels={"farm.key": key, "farm.base": base}, arch=arch,
+                                    network=not local, pull=not local, log_path=log)
+        image = _probe(engine, ref, image_id, arch, base, key)
+        image.cuda = cuda
+        write_atomic(_record_path(arch, key), json.dumps(asdict(image), indent=2) + "\n")
+        # The record of the image this one supersedes goes (the image stays: a build may use it).
+        for old in list_images(None):
+            if old[0].arch == arch and old[0].cuda == cuda and old[0].key != key:
+                _record_path(arch, old[0].key).unlink(missing_ok=True)
+        return image
+
+
+def _read_record(path: Path) -> Image | None:
+    try:
+        return Image(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def load_image(arch: str | None = None, engine: Engine | None = None, cuda: str = "") -> Image | None:
+    """The current builder image for `arch` if it is built and recorded, else None (no building)."""
+    arch = check_arch(arch or host_arch())
+    engine = engine or Engine.detect()
+    key = builder_key(arch, base_ref(arch), cuda)
+    rec = _read_record(_record_path(arch, key))
+    if rec and engine.image_id(rec.ref) == rec.id:
+        return rec
+    return None
+
+
+def list_images(engine: Engine | None = None) -> list[tuple[Image, bool]]:
+    """Every recorded builder image and whether the engine still has it."""
+    out = []
+    for path in sorted(_records_dir().glob("*.json")) if _records_dir().is_dir() else []:
+        rec = _read_record(path)
+        if rec:
+            present = engine is not None and engine.image_id(rec.ref) == rec.id
+            out.append((rec, present))
+    return out
+
+
+# ----- what an image provides ------------------------------------------------------
+
+
+def _glibc_tag(glibc: str, arch: str) -> str:
+    major, minor = glibc.split(".")[:2]
+    return f"manylinux_{major}_{minor}_{arch}"
+
+
+
+
+def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: str) -> Image:
+    """Read the facts file, measure the lowest platform tag, and check host Pythons in the image."""
+    with tempfile.TemporaryDirectory(prefix="farm-probe-", dir=images_dir()) as tmp:
+        t = Path(tmp)
+        (t / "probe.cpp").write_text(_PLAT_PROBE_CPP)
+        script = (f"cat {IMAGE_FACTS_PATH} > /probe/facts.json && "
+                  "g++ -O2 -shared -fPIC -pthread -o /probe/_probe.so /probe/probe.cpp")
+        engine.output(ref, ["sh", "-c", script], mounts=[Mount(t, "/probe")], network=False, arch=arch)
+        facts = json.loads((t / "facts.json").read_text())
+        cap = _glibc_tag(facts["glibc"], arch)
+        plat = facts.get("declared_plat") or _lowest_plat(t / "_probe.so", arch, t)
+        if plat_glibc(plat) > plat_glibc(cap):  # never claim more than the glibc inside can give
+            plat = cap
+    pythons = list(facts["pythons"])
+    if arch == host_arch():
+        pythons += _host_pythons_usable(engine, ref, {p["version"] for p in pythons})
+    pythons.sort(key=lambda p: tuple(int(x) for x in p["version"].split(".")))
+    return Image(ref=ref, id=image_id, arch=arch, base=base, package_manager=facts["package_manager"],
+                 glibc=facts["glibc"], plat=plat, plat_cap=cap, pythons=pythons,
+                 cuda_home=facts.get("cuda_home", ""), key=key)
+
+
+def _lowest_plat(so: Path, arch: str, tmp: Path) -> str:
+    """`auditwheel show` on a one-file wheel holding the probe: the lowest tag it allows."""
+    whl = tmp / f"farmprobe-0-py3-none-linux_{arch}.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.write(so, "farmprobe/_probe.so")
+        z.writestr("farmprobe-0.dist-info/METADATA", "Metadata-Version: 2.1\nName: farmprobe\nVersion: 0\n")
+        z.writestr("farmprobe-0.dist-info/WHEEL",
+                   f"Wheel-Version: 1.0\nGenerator: farm\nRoot-Is-Purelib: false\nTag: py3-none-linux_{arch}\n")
+        # auditwheel walks the files RECORD names (hashes are not checked by `show`).
+        z.writestr("farmprobe-0.dist-info/RECORD", "farmprobe/_probe.so,,\nfarmprobe-0.dist-info/METADATA,,\n"
+                   "farmprobe-0.dist-info/WHEEL,,\nfarmprobe-0.dist-info/RECORD,,\n")
+    exe = shutil.which("auditwheel") or str(Path(os.sys.executable).with_name("auditwheel"))
+    p = subprocess.run([exe, "show", str(whl)], capture_output=True, text=True)
+    m = re.search(r'platform tag:\s*"?(manylinux_\d+_\d+_\w+)', p.stdout.replace("\n", " "))
+    if p.returncode != 0 or not m:
+        raise ImageError(f"auditwheel show on the platform probe failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    return m.group(1)
+
+
+def pyenv_prefixes() -> list[Path]:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    try:
+        found = [p for p in root.iterdir() if re.fullmatch(r"3\.\d+\.\d+", p.name) and (p / "bin/python3").exists()]
+    except OSError:  # no pyenv, or not readable by this user
+        return []
+    return sorted(found, key=lambda p: tuple(int(x) for x in p.name.split(".")))
+
+
+def _host_pythons_usable(engine: Engine, ref: str, have: set[str]) -> list[dict]:
+    """Host pyenv Pythons that run inside the image when mounted read-only at the same path.
+
+    A Debian base has its own Python only; the host's pyenv prefixes (same glibc
+    family) provide the others. Each is checked by importing what pip and venv need.
+    """
+    cands: dict[str, Path] = {}
+    for prefix in pyenv_prefixes():  # sorted: the newest patch of each minor wins
+        minor = ".".join(prefix.name.split(".")[:2])
+        if minor not in have:
+            cands[minor] = prefix
+    if not cands:
+        return []
+    checks = " ; ".join(
+        f"{p}/bin/python3 -c 'import ssl, ctypes, zlib, bz2, lzma, venv, ensurepip' >/dev/null 2>&1 && echo ok {v}"
+        for v, p in cands.items())
+    mounts = [Mount(p, str(p), read_only=True) for p in cands.values()]
+    try:
+        out = engine.output(ref, ["sh", "-c", checks + " ; true"], mounts=mounts, network=False)
+    except EngineError:
+        return []
+    ok = set(re.findall(r"^ok (\S+)$", out, re.M))
+    return [{"version": v, "path": f"{p}/bin/python3", "mount": str(p)} for v, p in cands.items() if v in ok]
+
+
+def check_plat(image: Image, plat: str) -> str:
+    """The platform tag to repair for on `image`: `plat` normalised, or one-line BadInput.
+
+    Refused: a tag lower than the image's (its glibc links newer symbols, the wheel
+    would lie), higher than its glibc, or for another architecture.
+    """
+    p = plat.strip()
+    try:
+        want = plat_glibc(p)
+    except ValueError:
+        raise BadInput("--plat", None, plat, "not a manylinux tag (manylinux_2_X[_arch])") from None
+    if not p.endswith(image.arch):
+        if re.search(r"_(x86_64|aarch64|i686|ppc64le|s390x|armv7l)$", p):
+            raise BadInput("--plat", None, plat, f"image {image.ref} builds {image.arch}")
+        p = f"{p}_{image.arch}"
+    if want < plat_glibc(image.plat):
+        raise BadInput("--plat", None, plat, f"image {image.ref} (glibc {image.glibc}) produces {image.plat} "
+                       "at best; its glibc is newer")
+    if want > plat_glibc(image.plat_cap):
+        raise BadInput("--plat", None, plat, f"image {image.ref} has glibc {image.glibc}; "
+                       f"{image.plat_cap} is the highest it can claim")
+    return p
+
+
+# ----- QEMU for aarch64 on x86 ------------------------------------------------------
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+QEMU_BINFMT_CONF = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")
+
+
+def setup_qemu(quiet: bool = False) -> str:
+    """Mount binfmt_misc and register qemu-aarch64 (Debian's qemu-user-static), idempotently.
+
+    Registered with the F (fix-binary) flag, as Debian's file says, so the interpreter
+    works inside containers and chroots that do not contain it.
+    """
+    if host_arch() == "aarch64":
+        return "native aarch64 host: no emulation needed"
+    entry = BINFMT / "qemu-aarch64"
+    if entry.exists() and entry.read_text().startswith("enabled"):
+        return "qemu-aarch64 already registered"
+    if os.geteuid() != 0:
+        raise ImageError("cannot register qemu-aarch64: not root (binfmt_misc needs root)")
+    if not QEMU_BINFMT_CONF.exists():
+        raise ImageError(f"cannot register qemu-aarch64: {QEMU_BINFMT_CONF} missing (run `make setup-engine`)")
+    if not (BINFMT / "register").exists():
+        p = subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise ImageError(f"cannot mount binfmt_misc at {BINFMT}: {p.stderr.strip() or p.returncode}")
+    if entry.exists():  # registered but disabled
+        entry.write_text("1")
+    else:
+        line = QEMU_BINFMT_CONF.read_text().strip().splitlines()[-1]
+        try:
+            (BINFMT / "register").write_text(line)
+        except OSError as exc:
+            raise ImageError(f"cannot register qemu-aarch64 in {BINFMT}: {exc.strerror}") from None
+    _say("registered qemu-aarch64 in binfmt_misc", quiet)
+    return "qemu-aarch64 registered"
