@@ -145,6 +145,27 @@ def test_a_plat_older_than_the_image_is_refused_and_the_image_tag_is_the_default
     assert repair_wheel(wheel, tmp_path / "out3", plat=host_plat(), floor_plat=debian12).plat == host_plat()
 
 
+GLIBC_2_35 = """
+#define _GNU_SOURCE
+#include <dlfcn.h>
+void *farm_needs_glibc_2_35 = (void *)&_dl_find_object;
+"""
+
+
+def test_a_wheel_needing_a_newer_glibc_than_the_image_tag_gets_the_tag_it_needs(tmp_path):
+    # The image's tag is a floor (what its toolchain gives plain C++), not a ceiling: drtk calls a
+    # glibc 2.35 function, which the Debian 12 image (glibc 2.36) links, so its wheel is 2_35.
+    wheel = pack_ext_wheel(tmp_path, extra_c=GLIBC_2_35)
+    debian12 = "manylinux_2_34_x86_64"
+    res = repair_wheel(wheel, tmp_path / "out", floor_plat=debian12)
+    assert res.plat == "manylinux_2_35_x86_64" and res.wheel.name.endswith("-manylinux_2_35_x86_64.whl")
+    assert "raised to manylinux_2_35_x86_64" in res.reason and res.record()["reason"] == res.reason
+    # An explicit request is never raised: it is refused in one line, nothing written.
+    with pytest.raises(BadInput, match=r"--plat: 'manylinux_2_34_x86_64'.*need manylinux_2_35") as exc:
+        repair_wheel(wheel, tmp_path / "out2", plat=debian12, floor_plat=debian12)
+    assert "\n" not in str(exc.value) and not list((tmp_path / "out2").glob("*.whl"))
+
+
 def test_pure_and_windows_wheels_are_not_repaired(tmp_path):
     pure = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(pure, "w") as z:

@@ -13,7 +13,9 @@ Platform tag: the image decides (its recorded tag, passed as `floor_plat`); the
 host runner passes nothing and gets the lowest tag the wheel allows here
 (`--plat auto`, what `auditwheel show` reports).
 A requested tag older than the image's glibc, or than what the wheel's
-versioned symbols need, is refused in one line. `pure` and Windows wheels are
+versioned symbols need, is refused in one line. Without a request, a wheel whose
+symbols need a newer glibc than the image's tag (drtk calls a glibc 2.35 function)
+gets the tag it needs, noted in the record: the image's tag is a floor. `pure` and Windows wheels are
 returned untouched.
 
 auditwheel 6.x `--exclude` takes a soname or an fnmatch pattern (`libfoo.so.*`),
@@ -60,7 +62,7 @@ class RepairResult:
     plat: str | None = None                      # full tag, e.g. manylinux_2_34_x86_64
     grafted: tuple[str, ...] = ()                # sonames auditwheel copied in (all allowed)
     excluded: tuple[str, ...] = field(default=(), repr=False)  # what --exclude received
-    reason: str = ""                             # why it was not repaired
+    reason: str = ""                             # why it was not repaired, or why its tag was raised
     dropped_rpaths: dict = field(default_factory=dict)  # member -> build-machine RPATH entries removed
 
     def record(self) -> dict:
@@ -233,16 +235,22 @@ def repair_wheel(
     before = _libs_entries(wheel)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".repair-"))
+    raised_note = ""
     try:
-        args = ["repair", "--plat", target, "--only-plat", "-w", str(scratch)]
-        for pattern in excluded:
-            args += ["--exclude", pattern]
-        proc = _auditwheel([*args, str(wheel)])
+        proc = _run_repair(wheel, target, excluded, scratch)
+        if proc.returncode != 0 and "too-recent versioned symbols" in proc.stderr:
+            needs = show(wheel)["sym_tag"]
+            if plat:
+                raise BadInput("--plat", None, plat, f"the wheel's versioned symbols need {needs}")
+            # The image's tag is the lowest its toolchain gives, not a ceiling: code that calls newer
+            # glibc functions (still within the image's own glibc, where it was linked) gets the
+            # tag its symbols need, and the record says so. An explicit --plat is never raised.
+            if not _is_higher_manylinux(needs, target, arch):
+                raise BadInput("image platform tag", None, floor_plat, f"the wheel's versioned symbols need {needs}")
+            raised_note = f"image tag {target} raised to {needs}: the wheel's versioned symbols need it"
+            target = needs
+            proc = _run_repair(wheel, target, excluded, scratch)
         if proc.returncode != 0:
-            if "too-recent versioned symbols" in proc.stderr:
-                needs = show(wheel)["sym_tag"]
-                raise BadInput("--plat" if plat else "image platform tag", None, plat or floor_plat,
-                               f"the wheel's versioned symbols need {needs}")
             raise RepairError(f"auditwheel repair {wheel.name}: {_last_line(proc.stderr)}")
         made = list(scratch.glob("*.whl"))
         if len(made) != 1:
@@ -266,7 +274,22 @@ def repair_wheel(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return RepairResult(final, True, plat=target, grafted=tuple(grafted), excluded=tuple(excluded),
-                        dropped_rpaths=dropped)
+                        reason=raised_note, dropped_rpaths=dropped)
+
+
+def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path) -> subprocess.CompletedProcess:
+    args = ["repair", "--plat", target, "--only-plat", "-w", str(scratch)]
+    for pattern in excluded:
+        args += ["--exclude", pattern]
+    return _auditwheel([*args, str(wheel)])
+
+
+def _is_higher_manylinux(tag: str, than: str, arch: str) -> bool:
+    """Whether `tag` (from `auditwheel show`) is a manylinux tag of `arch` newer than `than`."""
+    try:
+        return plat_glibc(full_plat(tag, arch)) > plat_glibc(than)
+    except ValueError:
+        return False
 
 
 # --------------------------------------------------------------------- RPATH / RUNPATH
