@@ -19,11 +19,13 @@ $(STAMP): pyproject.toml
 
 # The emulated aarch64 builds (marker `arm`) take too long for CI: `make test-arm` runs them.
 # The container tests need an engine: setup-engine installs podman on a fresh machine.
-test: setup setup-engine
+# lint first (ruff, then mypy on farm/), so that CI (.ci/run = make test) type-checks too.
+test: lint setup-engine
 	$(BIN)/python -m pytest -q -m "not arm" tests
 
 lint: setup
 	$(BIN)/ruff check farm tests bench noxfile.py
+	$(BIN)/python -m mypy
 
 bench: setup
 	$(BIN)/python -m bench
