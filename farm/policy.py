@@ -297,7 +297,7 @@ class GpuTable:
         loose = [d for d in self.devices if any(wanted in _squash(p) for p in d.products)]
         return loose[0] if len(loose) == 1 else None
 
-    def by_cc(self, cc: tuple[int, int]) -> Gpu | None:
+    def by_cc(self, cc: tuple[int, ...]) -> Gpu | None:
         return next((d for d in self.devices if d.cc == cc or d.alias == cc), None)
 
 
@@ -411,6 +411,6 @@ def _load(folder: Path) -> Defaults:
     )
 
 
-def load_defaults(folder: Path | None = None) -> Defaults:
+def load_defaults(folder: Path | str | None = None) -> Defaults:
     """Everything in defaults/ (or `folder`), validated; loaded once per folder."""
     return _load(Path(folder or paths.defaults_dir()).resolve())

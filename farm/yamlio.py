@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,7 +25,8 @@ from farm.errors import BadInput, shorten
 from farm.paths import display
 
 # libyaml's parser when PyYAML has it (its wheels do): ~5x faster on the recipes every process reads.
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Typed Any: which class it is is known only at run time, and _Loader derives from it.
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # What aliases may add on top of the text itself, in nodes plus scalar characters. A document
 # without aliases weighs at most ~2x its length; no farm file uses anchors beyond a few rows.
@@ -127,7 +129,8 @@ def _inspect(root, where: str, limit: int, aliases: bool) -> None:
     without visiting them again."""
     weight: dict[int, int] = {}
     open_nodes: set[int] = set()      # the current node's ancestors: meeting one again is a cycle
-    stack: list[tuple[object, str, int]] = [(root, "", 0)]     # depth -1: the node's children are done
+    # Nodes are PyYAML's (ScalarNode, SequenceNode, MappingNode), which carry no type information.
+    stack: list[tuple[Any, str, int]] = [(root, "", 0)]     # depth -1: the node's children are done
     while stack:
         node, path, depth = stack.pop()
         if depth < 0:

@@ -22,6 +22,7 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 
@@ -187,8 +188,8 @@ HEADER = """\
 def write_measurement(m: Measurement, path: Path | None = None) -> Path:
     """Merge one measurement into the measured file (atomically); returns its path."""
     path = Path(path or paths.defaults_dir() / PAM_MEASURED_FILE)
-    data = load_yaml(path) if path.exists() else {}
-    data = dict(data or {})
+    loaded = load_yaml(path) if path.exists() else {}
+    data = dict(cast("dict[str, Any]", loaded or {}))   # the file is this function's own: a mapping
     for key in ("x86", "aarch64", "windows"):
         data[key] = dict(data.get(key) or {})
     if m.platform == "windows":

@@ -79,6 +79,7 @@ def coverage_command(args) -> int:
     print("N native, J JIT-only, ? unknown (not in the PAM), x dead; blank: the device does not live on that platform")
     for cc in devices:
         device = defaults.gpus.by_cc(vtuple(cc)[:2])
+        assert device is not None, cc    # coverage rows only name devices of the table
         print(f"  {cc:>4} {', '.join(device.products)}{' (Tegra)' if device.tegra else ''}")
     if flagged:
         print(f"{len(flagged)} current device(s) left dead:")

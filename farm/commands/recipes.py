@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TypedDict
 
 from farm import paths
 from farm.commands.common import print_json
@@ -54,9 +55,22 @@ def check_command(args) -> int:
     return 2 if report.errors else 0
 
 
+class RecipeRow(TypedDict):
+    """One line of `farm recipes list` (also its JSON form)."""
+    name: str
+    torch: str
+    wheel_abi: str
+    platforms: list[str]
+    rows: str
+    min_torch: str | None
+    max_torch: str | None
+    source: str
+    needs_patch: bool
+
+
 def list_command(args) -> int:
     recipes = load_recipes()
-    rows = []
+    rows: list[RecipeRow] = []
     for name, r in sorted(recipes.items()):
         if r.source.kind == "git":
             source = f"git {r.source.ref}"

@@ -94,7 +94,7 @@ def parse_wheel(name: str) -> Wheel | None:
     m = _CPYTHON.fullmatch(pytag)
     if not _FINAL.fullmatch(version) or not m or abitag.endswith("t"):
         return None
-    platforms = {from_wheel_platform_tag(t) for t in plattag.split(".")} - {None}
+    platforms = {p for t in plattag.split(".") if (p := from_wheel_platform_tag(t)) is not None}
     if len(platforms) != 1:
         return None
     return Wheel(version, label.startswith("cu"), python_from_tag(pytag), platforms.pop())

@@ -206,8 +206,9 @@ def compare(live: Pcwm, grid: Grid, known: Pcwm | None, defaults: Defaults,
     for r in grid.rows:
         now = live_grid.row(r.cuda, r.torch)
         for p in platforms:
-            if now and r.pin(p) and now.pin(p) and r.pin(p) != now.pin(p):
-                moved.append(MovedPin(r.cuda, r.torch, p, r.pin(p), now.pin(p)))
+            old_pin, new_pin = r.pin(p), (now.pin(p) if now else None)
+            if old_pin and new_pin and old_pin != new_pin:
+                moved.append(MovedPin(r.cuda, r.torch, p, old_pin, new_pin))
     return Report(tuple(new_lines), new_minors, tuple(added), tuple(moved), tuple(vanished),
                   tuple(warnings), recipes_checked)
 

@@ -40,7 +40,7 @@ def find_data(defaults, grid, recipes: dict | None = None) -> dict:
 
     def verdict_rows(recipe) -> tuple[list[str], list[list[int]]]:
         codes = [NOT_BUILT * len(devices)] * len(all_channels)
-        why = [[] for _ in all_channels]
+        why: list[list[int]] = [[] for _ in all_channels]
         for c in channels(defaults, grid, None, recipe):
             i = index[(c.cuda, c.torch, c.platform)]
             row, rs = [], []
@@ -79,7 +79,7 @@ def find_data(defaults, grid, recipes: dict | None = None) -> dict:
         "packages": packages,
         "verdicts": {name: codes for name, (codes, _) in tables.items()},
         "why": {name: why for name, (_, why) in tables.items()},
-        "reasons": sorted(reasons, key=reasons.get),
+        "reasons": sorted(reasons, key=reasons.__getitem__),
     }
 
 

@@ -38,7 +38,7 @@ def _e(value) -> str:
 def _line_table(pcwm: Pcwm, cuda: str, grid: Grid | None) -> str:
     combos = [c for c in pcwm.combos if c.cuda == cuda]
     pythons = sorted({c.python for c in combos}, key=vtuple)
-    have = {(c.torch, c.python): set() for c in combos}
+    have: dict[tuple[str, str], set[str]] = {(c.torch, c.python): set() for c in combos}
     for c in combos:
         have[(c.torch, c.python)].add(c.platform)
     tag = cuda_tag(cuda)

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +188,7 @@ class Engine:
         # docker keeps labels under Config.Labels; podman fills both Labels and Config.Labels.
         return dict((data.get("Config") or {}).get("Labels") or data.get("Labels") or {})
 
-    def import_tarball(self, tarball: Path, ref: str, arch: str, changes: list[str] = ()) -> str:
+    def import_tarball(self, tarball: Path, ref: str, arch: str, changes: Sequence[str] = ()) -> str:
         """Import a root filesystem tarball as image `ref`; returns its id."""
         args = ["import"]
         for c in changes:
@@ -234,7 +235,7 @@ class Engine:
 
     # ----- containers -----------------------------------------------------------
 
-    def create(self, image: str, argv: list[str], mounts: list[Mount] = (), env: dict[str, str] | None = None,
+    def create(self, image: str, argv: list[str], mounts: Sequence[Mount] = (), env: dict[str, str] | None = None,
                workdir: str | None = None, limits: Limits | None = None, network: bool = True,
                arch: str | None = None, name: str | None = None, user: str | None = None) -> str:
         """`create` a container (not started); returns its id."""

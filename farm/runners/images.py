@@ -17,6 +17,7 @@ import platform as _platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -353,7 +354,7 @@ def _lowest_plat(so: Path, arch: str, tmp: Path) -> str:
         # auditwheel walks the files RECORD names (hashes are not checked by `show`).
         z.writestr("farmprobe-0.dist-info/RECORD", "farmprobe/_probe.so,,\nfarmprobe-0.dist-info/METADATA,,\n"
                    "farmprobe-0.dist-info/WHEEL,,\nfarmprobe-0.dist-info/RECORD,,\n")
-    exe = shutil.which("auditwheel") or str(Path(os.sys.executable).with_name("auditwheel"))
+    exe = shutil.which("auditwheel") or str(Path(sys.executable).with_name("auditwheel"))
     p = subprocess.run([exe, "show", str(whl)], capture_output=True, text=True)
     m = re.search(r'platform tag:\s*"?(manylinux_\d+_\d+_\w+)', p.stdout.replace("\n", " "))
     if p.returncode != 0 or not m:

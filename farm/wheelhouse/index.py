@@ -19,7 +19,7 @@ import functools
 import json
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from html import escape
@@ -419,7 +419,7 @@ def _page_files(key: str, kind: str) -> list[str]:
     return [f"{key}/index.html"] + ([f"{key}/index.json"] if kind in ("root", "project") else [])
 
 
-def write_pages(root: Path, site: Site, keys: Iterable[str], extra: list[tuple[str, bytes]] = ()) -> set[str]:
+def write_pages(root: Path, site: Site, keys: Iterable[str], extra: Sequence[tuple[str, bytes]] = ()) -> set[str]:
     """Write the given pages (leaf pages before the roots that link them), then `extra` files; returns
     the files whose bytes changed."""
     files: list[tuple[str, bytes]] = []
@@ -459,7 +459,7 @@ def update(root: Path, before: Site | None, after: Site, projects: Iterable[str]
     extra = [(f"{PACKAGES_DIR}/{p}.json", data) for p, data in sorted(fresh.items())] + [(PACKAGES, packages)]
     written = write_pages(root, after, changed, extra)
     stale = [k for k in old if k not in new]
-    if stale:
+    if stale and before:     # stale keys come from `before`'s pages: none without it
         remove_pages(root, stale, before.kind)
     gone = {e.project for e in before.house.entries} - set(fresh) if before else set()
     for project in gone:

@@ -91,7 +91,8 @@ def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     p = _Prepared(path, wn, metadata, requires, {**rec, "recovered": when}, metadata_name=name,
                   sha256=file_sha256(path), size=st.st_size)
     mtime = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return _entry(p, mtime, rec.get("host") if isinstance(rec.get("host"), str) else "recovered"), metadata
+    host = rec.get("host")
+    return _entry(p, mtime, host if isinstance(host, str) else "recovered"), metadata
 
 
 def _write_sidecar(path: Path, data: bytes) -> None:

@@ -266,7 +266,10 @@ def _printable(text: str, limit: int) -> str:
 def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=None,
                 negotiate: bool = True) -> ThreadingHTTPServer:
     """A ready server (not yet serving); `server.server_address[1]` is the port."""
-    handler_cls = type("Handler", (WheelhouseHandler,), {"negotiate_json": negotiate})
+    class Handler(WheelhouseHandler):   # one class per server: log_stream is set on it below
+        negotiate_json = negotiate
+
+    handler_cls = Handler
     handler = partial(handler_cls, directory=str(Path(wheelhouse).resolve()))
     ThreadingHTTPServer.allow_reuse_address = True
     server = ThreadingHTTPServer((host, port), handler)
