@@ -326,7 +326,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
         write_atomic(path, json.dumps(spec, indent=2, sort_keys=True))
         return path
 
-    from farm.build.verify import resolve_requires_dist
+    from farm.build.verify.expectation import resolve_requires_dist
     from farm.runners.host import HostRunner
 
     requires = resolve_requires_dist(recipe, cell, plan.recipes)
