@@ -21,13 +21,9 @@ from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.paths import PROJECT_ROOT
 from farm.policy import load_defaults
-from farm.recipes.recipe import (
-    built_lines,
-    check_recipes,
-    load_recipe,
-    load_recipes,
-    recipe_hazards,
-)
+from farm.recipes.checks import check_recipes, recipe_hazards
+from farm.recipes.lines import built_lines
+from farm.recipes.reader import load_recipe, load_recipes
 
 FACTS = PROJECT_ROOT.parent / "shared" / "facts" / "packages.yml"
 RECIPES = PROJECT_ROOT / "recipes"

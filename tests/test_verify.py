@@ -45,8 +45,8 @@ from farm.build.verify.expectation import Expectation, GateCannotRun
 from farm.build.verify.gate import CHECKS, verify_wheel
 from farm.build.verify.importcheck import ImportChild, install_into
 from farm.build.verify.wheel import wheel_file_problems
-from farm.recipes.recipe import AllowedMissing
-from farm.recipes.recipe import Verify as VerifyKnobs
+from farm.recipes.model import AllowedMissing
+from farm.recipes.model import Verify as VerifyKnobs
 
 INIT = b"from . import _probe\n"
 

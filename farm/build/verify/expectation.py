@@ -15,7 +15,7 @@ from pathlib import Path
 
 from farm.arch.archlist import ArchList
 from farm.errors import FarmError
-from farm.recipes.recipe import Verify as VerifyKnobs
+from farm.recipes.model import Verify as VerifyKnobs
 from farm.versions import cuda_tag
 from farm.versions import python_tag as _pytag
 from farm.yamlio import write_atomic
