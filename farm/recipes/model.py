@@ -15,10 +15,8 @@ from farm.platforms import PLATFORMS
 from farm.policy import Defaults, frozen
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")   # {LOCAL}, {LOCAL:x}, {VER:x}, {CUDA_HOME} ...
 
-
-# ---------------------------------------------------------------- typed pieces
 
 @dataclass(frozen=True)
 class Source:
@@ -264,8 +262,8 @@ def _drop_empty(d: dict) -> dict:
     return {k: v for k, v in d.items() if v not in (None, False, [], {}, "")}
 
 
-
 def placeholders_in(text: str) -> list[tuple[str, str | None]]:
+    """(name, argument) of each `{NAME}` / `{NAME:arg}` in a requirement (argument None without a colon)."""
     out = []
     for body in PLACEHOLDER.findall(text):
         name, _, arg = body.partition(":")

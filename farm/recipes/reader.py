@@ -308,7 +308,6 @@ def _check_toolkits(recipe: Recipe, defaults: Defaults, grid, pcwm) -> None:
     arm_only.check_toolkits(defaults, where, sorted(built[ARM_LANE], key=vtuple))
 
 
-
 # ---------------------------------------------------------------- all recipes
 
 _CACHE: dict[tuple, dict[str, Recipe]] = {}
@@ -410,7 +409,6 @@ def check_build_order(recipes: Mapping[str, Recipe]) -> None:
 
     for name in sorted(recipes):
         visit(name, [])
-
 
 
 def verify_from_mapping(data, where: str) -> Verify:

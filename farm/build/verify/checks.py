@@ -18,10 +18,11 @@ from packaging.version import InvalidVersion, Version
 from farm.arch.fatbin import FatbinError, FatbinReport, read_fatbin
 from farm.build.label import TORCH_FAMILY
 from farm.build.repair import origin_relative
-from farm.build.verify.expectation import CheckResult, Expectation, VerifyKnobs
+from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
 from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag
 from farm.platforms import from_wheel_platform_tag, lane
+from farm.recipes.model import Verify as VerifyKnobs
 
 # DT_NEEDED names every Linux wheel may use (SPEC 9.4): glibc's own libraries and the C++ runtime.
 _SYSTEM_NEEDED = re.compile(
@@ -73,7 +74,6 @@ def check_filename(w: Wheel, exp: Expectation) -> CheckResult:
     if exp.platform_tag and set(exp.platform_tag.split(".")) != set(platforms):
         problems.append(f"platform tag {'.'.join(platforms)}, expected {exp.platform_tag}")
     return CheckResult.of("filename", problems, [], f"{w.path.name} matches", details)
-
 
 
 def check_file(w: Wheel, exp: Expectation) -> CheckResult:
@@ -230,7 +230,6 @@ def check_torch_linkage(w: Wheel, exp: Expectation) -> CheckResult:
 
 def _fmt_sass(sm: int, variant: str) -> str:
     return f"sm_{sm}{variant}"
-
 
 
 def check_arches(w: Wheel, exp: Expectation) -> CheckResult:

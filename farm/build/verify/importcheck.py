@@ -18,9 +18,10 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from farm.build.verify.expectation import CheckResult, Expectation, GateCannotRun, VerifyKnobs
+from farm.build.verify.expectation import CheckResult, Expectation, GateCannotRun
 from farm.build.verify.torchenv import TorchEnv, child_env_base
 from farm.build.verify.wheel import Wheel
+from farm.recipes.model import Verify as VerifyKnobs
 
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
 IMPORT_TIMEOUT = 300

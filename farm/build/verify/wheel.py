@@ -169,10 +169,8 @@ def glibc_of_tag(platform_tag: str) -> tuple[int, int] | None:
         return None
 
 
-
 def dotted(v: tuple[int, int]) -> str:
     return f"{v[0]}.{v[1]}"
-
 
 
 def lowest_glibc(path: Path | str) -> str | None:
