@@ -188,7 +188,7 @@ def test_bad_defaults_are_one_line_naming_file_key_value(tmp_path, file, old, ne
 
 def test_the_policy_peak_gb_per_job_may_be_fractional_like_a_recipes(tmp_path):
     from farm.policy import load_defaults
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     folder = copy_defaults(tmp_path)
     path = folder / "python_cuda_torch_os_policy.yml"

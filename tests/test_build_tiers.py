@@ -182,7 +182,7 @@ def _record(folder: Path, name: str, **fields) -> None:
 
 
 def test_status_table_from_records_every_recipe_and_column(tmp_path):
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
     from farm.recipes.status import COLUMNS
 
     names = sorted(load_recipes())
@@ -228,7 +228,7 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
 def test_the_committed_status_page_is_what_the_records_generate(tmp_path):
     """Every row built from a committed record reads as the records say (recipes' pins and patches move
     under other hands meanwhile: a not-built row only has to exist)."""
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     out = tmp_path / "recipe-status.md"
     res = run_farm("recipes", "status", "--out", str(out))

@@ -153,7 +153,7 @@ def test_a_compile_error_fails_with_the_compiler_line_and_the_log(tmp_path, torc
 
 
 def test_the_demo_recipe_loads_in_the_spec_6_vocabulary():
-    from farm.recipes.recipe import load_recipe
+    from farm.recipes.reader import load_recipe
     recipe = load_recipe(PROJECT_ROOT / "recipes" / "farm_demo.yml")
     assert recipe.name == "farm_demo" and recipe.links_torch is True
     assert [str(r) for r in recipe.requires_dist] == ["numpy"]

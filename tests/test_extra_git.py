@@ -21,7 +21,7 @@ from farm.build.source import SourceError
 from farm.errors import BadInput
 from farm.policy import load_defaults
 from farm.recipes.buildkey import KeyMaker
-from farm.recipes.recipe import load_recipe
+from farm.recipes.reader import load_recipe
 
 FAKE_URL = "https://example.invalid/vendor/eigen.git"
 

@@ -19,7 +19,7 @@ import pytest
 
 from farm.build import repair
 from farm.build import toolkit as T
-from farm.build.verify import libcuda_stub_dir
+from farm.build.verify.importcheck import libcuda_stub_dir
 from farm.run import cachebudget
 
 

@@ -18,7 +18,7 @@ from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
 from farm.recipes.buildkey import BuildContext, KeyMaker
 from farm.recipes.plan import cell_plan, full_plan, in_shard, shard_of
-from farm.recipes.recipe import load_recipes
+from farm.recipes.reader import load_recipes
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,9 @@ from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.paths import PROJECT_ROOT
 from farm.policy import load_defaults
-from farm.recipes.recipe import (
-    built_lines,
-    check_recipes,
-    load_recipe,
-    load_recipes,
-    recipe_hazards,
-)
+from farm.recipes.checks import check_recipes, recipe_hazards
+from farm.recipes.lines import built_lines
+from farm.recipes.reader import TOP_KEYS, load_recipe, load_recipes
 
 FACTS = PROJECT_ROOT.parent / "shared" / "facts" / "packages.yml"
 RECIPES = PROJECT_ROOT / "recipes"
@@ -513,3 +509,17 @@ def test_farm_recipes_list_names_every_recipe():
     assert set(_facts()) <= names
     by_name = {r["name"]: r for r in rows}
     assert by_name["spconv"]["torch"] == "torch-free" and by_name["torchao"]["wheel_abi"] == "abi3"
+
+
+def test_every_top_level_key_is_read_and_a_wrong_value_is_refused_under_its_own_name(tmp_path, defaults):
+    """load_recipe reads a file part by part (farm.recipes.reader._PARTS): a key of TOP_KEYS that no
+    part reads would be accepted and silently dropped. `[1]` fits no key, so each is refused, alone
+    and under its own name."""
+    header = {line.split(":", 1)[0]: line for line in HEADER.splitlines()}
+    for key in TOP_KEYS:
+        path = tmp_path / "pkg.yml"
+        path.write_text("".join(f"{line}\n" for k, line in header.items() if k != key) + f"{key}: [1]\n")
+        with pytest.raises(BadInput) as refused:
+            load_recipe(path, defaults)
+        keys = [p.key for p in getattr(refused.value, "problems", (refused.value,))]
+        assert len(keys) == 1 and keys[0].split("[")[0] == key, (key, keys)

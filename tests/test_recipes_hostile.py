@@ -13,7 +13,7 @@ from hostile import assert_one_line_refusal, tree_state
 
 from farm.errors import BadInput
 from farm.policy import load_defaults
-from farm.recipes.recipe import load_recipe
+from farm.recipes.reader import load_recipe
 
 GIT = "source: {git: {url: https://github.com/example/pkg.git, ref: v1.0.0}}\n"
 HEADER = "name: pkg\n" + GIT + "links_torch: true\n"

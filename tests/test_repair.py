@@ -20,7 +20,7 @@ from farm.build.repair import (
     repair_wheel,
     torch_env_sonames,
 )
-from farm.build.verify import record_problems
+from farm.build.verify.wheel import wheel_file_problems
 from farm.errors import BadInput
 
 
@@ -72,7 +72,7 @@ def test_libraries_of_the_torch_environment_stay_out_even_when_findable(env, tmp
     assert rpath == "" and sorted(res.record()["dropped_rpaths"]) == [
         n for n in zipfile.ZipFile(res.wheel).namelist() if n.startswith("demo/_ext")]
     assert set(next(iter(res.dropped_rpaths.values()))) == {str(env["torch_lib"]), str(env["nv_lib"])}
-    assert record_problems(res.wheel) == []
+    assert wheel_file_problems(res.wheel) == []
     assert res.wheel.parent == tmp_path / "out" and res.wheel.name.endswith(f"{res.plat}.whl")
 
     # the control: without the environment's exclusions, auditwheel grafts libc10 and the check refuses
@@ -101,7 +101,7 @@ def test_an_outside_library_is_grafted_and_then_refused_unless_allowed(env, tmp_
     assert len(grafted) == 1 and grafted[0].startswith("demo_ext.libs/liboutside-")
     needed, rpath = needed_and_rpath(res.wheel, tmp_path / "x")
     assert "libc10.so" in needed and all(e.startswith("$ORIGIN") for e in rpath.split(":")), rpath
-    assert record_problems(res.wheel) == []
+    assert wheel_file_problems(res.wheel) == []
 
 
 def test_a_wheel_whose_rpaths_are_all_relative_is_left_byte_identical(tmp_path):

@@ -19,7 +19,7 @@ from farm.build.source import SourceError
 from farm.errors import BadInput
 from farm.policy import load_defaults
 from farm.recipes.buildkey import KeyMaker
-from farm.recipes.recipe import load_recipe
+from farm.recipes.reader import load_recipe
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import pytest
 from farmcli import run_farm
 
 from farm.policy import load_defaults
-from farm.recipes.recipe import load_recipe
+from farm.recipes.reader import load_recipe
 from farm.recipes.status import status_cell_id
 
 HEAD = "name: {name}\nlinks_torch: {links}\nsource:\n  git:\n    url: https://github.com/example/{name}.git\n" \

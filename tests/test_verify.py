@@ -41,17 +41,12 @@ from wheel_factory import (
 )
 
 from farm.arch.archlist import ArchList
-from farm.build.verify import (
-    CHECKS,
-    Expectation,
-    GateCannotRun,
-    ImportChild,
-    VerifyKnobs,
-    install_into,
-    verify_wheel,
-    wheel_file_problems,
-)
-from farm.recipes.recipe import AllowedMissing
+from farm.build.verify.expectation import Expectation, GateCannotRun
+from farm.build.verify.gate import CHECKS, verify_wheel
+from farm.build.verify.importcheck import ImportChild, install_into
+from farm.build.verify.wheel import wheel_file_problems
+from farm.recipes.model import AllowedMissing
+from farm.recipes.model import Verify as VerifyKnobs
 
 INIT = b"from . import _probe\n"
 

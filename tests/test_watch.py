@@ -85,8 +85,8 @@ def test_an_extra_cuda_line_is_news_with_its_checklist(replay_copy):
     assert 'add "13.3" to supported_cudas' in checklist and "arch_policy row for 13.3" in checklist
     assert "arch_policy_aarch64 row for 13.3" in checklist and "toolkit row for 13.3" in checklist
     assert not any(t["done"] for t in line["checklist"] if "supported_cudas" in t["task"])
-    if importlib.util.find_spec("farm.recipes.recipe") is not None and report["recipes_checked"]:
-        from farm.recipes.recipe import load_recipes
+    if importlib.util.find_spec("farm.recipes.reader") is not None and report["recipes_checked"]:
+        from farm.recipes.reader import load_recipes
 
         with_maps = sorted(name for name, r in load_recipes().items()
                            if r.arch.arch_list_by_cuda or r.arch.arch_list_by_cuda_aarch64)

@@ -20,8 +20,8 @@ from pathlib import Path
 from farm import __version__, paths
 from farm.errors import BadInput, FarmError
 from farm.recipes.buildkey import KeyMaker, context_for
+from farm.recipes.model import Recipe
 from farm.recipes.plan import cell_plan
-from farm.recipes.recipe import Recipe
 from farm.runners import images
 from farm.runners.emulation import is_emulated
 from farm.yamlio import load_yaml, write_atomic
@@ -326,7 +326,7 @@ def _build_locked(cell, recipe, plan, runner, described, image, target, key, hou
         write_atomic(path, json.dumps(spec, indent=2, sort_keys=True))
         return path
 
-    from farm.build.verify import resolve_requires_dist
+    from farm.build.verify.expectation import resolve_requires_dist
     from farm.runners.host import HostRunner
 
     requires = resolve_requires_dist(recipe, cell, plan.recipes)

@@ -155,8 +155,8 @@ class Steps:
         """The verify step's import check imports torch first: started now, that import runs beside the
         compile instead of after the repair (about 2.5 s of every cell). Costs one idle interpreter
         holding torch (~0.6 GB) while the compile runs. Not when verify would not use it."""
-        from farm.build.verify import ImportChild
-        from farm.recipes.recipe import verify_from_mapping
+        from farm.build.verify.importcheck import ImportChild
+        from farm.recipes.reader import verify_from_mapping
 
         knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
         if "verify" in self.phases and not knobs.skip_import and not knobs.needs_driver and self.torch_env:
@@ -195,8 +195,9 @@ class Steps:
     # ----- 7. verify -------------------------------------------------------------
 
     def verify(self) -> dict:
-        from farm.build.verify import Expectation, verify_wheel
-        from farm.recipes.recipe import verify_from_mapping
+        from farm.build.verify.expectation import Expectation
+        from farm.build.verify.gate import verify_wheel
+        from farm.recipes.reader import verify_from_mapping
 
         repaired = Path(self.state["repair"]["wheel"])
         knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])

@@ -117,7 +117,7 @@ def check_selection(args, defaults: Defaults | None = None, recipes: dict | None
 
     defaults = defaults or load_defaults()
     if recipes is None and (many("package") or many("torch") or many("python")):
-        from farm.recipes.recipe import load_recipes
+        from farm.recipes.reader import load_recipes
 
         recipes = load_recipes(defaults=defaults)
     known = Known.of(defaults, recipes, grid)
@@ -187,7 +187,7 @@ def print_json(data) -> None:
 
 def load_recipe_arch(name: str):
     """A recipe's arch overrides by name (recipes live in recipes/<name>.yml)."""
-    from farm.recipes.recipe import load_recipes  # recipes are optional for the policy-only commands
+    from farm.recipes.reader import load_recipes  # recipes are optional for the policy-only commands
 
     recipes = load_recipes()
     if name not in recipes:

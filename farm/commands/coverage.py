@@ -90,7 +90,7 @@ def coverage_command(args) -> int:
 
 def _recipe(args, defaults, selection=None):
     """The --package recipe (or None), once every selected value (of `selection`, default `args`) is known."""
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     recipes = load_recipes(defaults=defaults)
     check_selection(selection or args, defaults, recipes)

@@ -37,7 +37,7 @@ def planned(args):
     """The plan, once every selected value is known (a typo is refused before anything is derived)."""
     from farm.matrix.grid import load_grid
     from farm.policy import load_defaults
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     defaults = load_defaults()
     recipes = load_recipes(defaults=defaults)

@@ -8,7 +8,8 @@ from typing import TypedDict
 from farm import paths
 from farm.commands.common import print_json
 from farm.policy import load_defaults
-from farm.recipes.recipe import check_recipes, load_recipes
+from farm.recipes.checks import check_recipes
+from farm.recipes.reader import load_recipes
 
 
 def register(sub) -> None:

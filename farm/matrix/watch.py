@@ -5,7 +5,7 @@ result is compared with the committed `grid.generated.yml`. Nothing under
 defaults/ is touched. A line already in the committed PCWM but absent from
 `supported_cudas` is a decision taken, not news.
 
-Recipes: when `farm.recipes.recipe` exists and loads, a new line's checklist names
+Recipes: when `farm.recipes.reader` exists and loads, a new line's checklist names
 the recipes whose `arch_list_by_cuda` / `arch_list_by_cuda_aarch64` maps lack
 it; otherwise the checklist says the recipes were not checked.
 """
@@ -137,10 +137,10 @@ def _cells(grid: Grid, platforms) -> set[Cell]:
 
 def recipes_lacking(cuda: str) -> tuple[list[str] | None, str | None]:
     """Recipes whose *_by_cuda maps lack `cuda`, as 'name (key)'; None when recipes cannot be read."""
-    if importlib.util.find_spec("farm.recipes.recipe") is None:
-        return None, "farm.recipes.recipe is not available"
+    if importlib.util.find_spec("farm.recipes.reader") is None:
+        return None, "farm.recipes.reader is not available"
     try:
-        recipes = importlib.import_module("farm.recipes.recipe").load_recipes()
+        recipes = importlib.import_module("farm.recipes.reader").load_recipes()
         lacking = []
         for name in sorted(recipes):
             arch = recipes[name].arch

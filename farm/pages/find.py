@@ -292,7 +292,7 @@ def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) ->
     from farm.pages.archs import render_archs
     from farm.pages.matrix import render_matrix
     from farm.policy import load_defaults
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     defaults = defaults or load_defaults()
     grid = grid or load_grid(defaults.folder)

@@ -54,7 +54,7 @@ def full_plan(defaults=None, recipes=None, grid=None, pcwm=None, cells_of: Itera
     """Every cell of every recipe; `cells_of` names the only recipes whose cells are derived (the
     plan still holds every recipe: build keys read the recipes a cell depends on)."""
     from farm.matrix.grid import load_grid, load_pcwm
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     defaults = defaults or load_defaults()
     recipes = recipes if recipes is not None else load_recipes(defaults=defaults)
@@ -73,7 +73,7 @@ def full_plan(defaults=None, recipes=None, grid=None, pcwm=None, cells_of: Itera
 def cell_plan(cell_id: str) -> tuple[Cell, Plan]:
     """A cell by id and a plan holding only its recipe's cells: what one build needs. A child of
     `farm run` builds one cell, and deriving the whole grid for it cost half a second per cell."""
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     defaults = load_defaults()
     recipes = load_recipes(defaults=defaults)

@@ -271,7 +271,7 @@ def render_markdown(rows: list[dict], records_folder: str) -> str:
 def generate(records_folder: Path | None = None, out: Path | None = None) -> tuple[str, Path]:
     """Read every record (refusing a bad one before writing anything), write the markdown table;
     the text table and the file written."""
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     folder = Path(records_folder or records_dir())
     records = read_records(folder)
@@ -314,7 +314,7 @@ def status_command(args) -> int:
 
 
 def _known(name: str):
-    from farm.recipes.recipe import load_recipes
+    from farm.recipes.reader import load_recipes
 
     recipes = load_recipes()
     if name not in recipes:

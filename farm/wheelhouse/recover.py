@@ -72,7 +72,7 @@ def _build_record(zf: zipfile.ZipFile) -> dict:
 def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
     from farm.build.label import BUILD_INFO_NAME
-    from farm.build.verify import wheel_file_problems
+    from farm.build.verify.wheel import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
     if wn.project != project:
