@@ -35,7 +35,7 @@ def _full_manifest(house: Path) -> int:
     """manifest.jsonl with one entry per cell of the full grid, keyed as `farm run --runner host` keys it."""
     from farm.recipes.buildkey import KeyMaker
     from farm.recipes.plan import full_plan
-    from farm.run.scheduler import Contexts
+    from farm.run.selection import Contexts
     from farm.wheelhouse import ManifestEntry
 
     plan = full_plan()

@@ -282,7 +282,8 @@ def test_an_interrupted_cell_whose_wheel_was_published_is_reported_built(tmp_pat
     record must follow the manifest (the next run skips that cell), not the child's exit."""
     from wheelhouse_fixtures import make_wheel
 
-    from farm.run.scheduler import CellRun, reconcile_with_wheelhouse
+    from farm.run.farmrun import reconcile_with_wheelhouse
+    from farm.run.selection import CellRun
     from farm.wheelhouse import publish
 
     house = tmp_path / "house"
@@ -427,8 +428,9 @@ def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
     import io
     from types import SimpleNamespace
 
+    from farm.run.farmrun import RunResult
     from farm.run.report import Display
-    from farm.run.scheduler import CellRun, RunResult
+    from farm.run.selection import CellRun
 
     stream = io.StringIO()
     display = Display(plain=False, stream=stream)

@@ -53,7 +53,7 @@ def selected(args):
     plan = planned(args)
     cells = in_shard(plan.select(filters_of(args)), shard)
     if getattr(args, "missing", False):
-        from farm.run.scheduler import missing_cells
+        from farm.run.selection import missing_cells
 
         cells = missing_cells(plan, cells, getattr(args, "wheelhouse", None))
     return plan, cells, shard

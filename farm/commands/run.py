@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 def run_command(args) -> int:
     from farm.recipes.plan import parse_shard
-    from farm.run.scheduler import RunOptions, run_farm
+    from farm.run.farmrun import RunOptions, run_farm
     from farm.runners.emulation import emulated_concurrency
 
     for name in ("jobs", "arm_jobs"):

@@ -313,7 +313,7 @@ def actionlint_config() -> str:
 def missing_outputs(plan, cells: list[Cell], group: int, layout: str, wheelhouse) -> list[str]:
     """The `name=[ids]` output lines of plan job `group`: per chunk, its cells not yet in the wheelhouse."""
     from farm.errors import BadInput
-    from farm.run.scheduler import missing_cells
+    from farm.run.selection import missing_cells
 
     keep, _ = ci_cells(plan, cells)
     chunks = chunks_for(plan, keep)
