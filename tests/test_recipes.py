@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from farm.arch.archlist import ArchList
-from farm.build.source import FULL_SHA
+from farm.build.source.git import FULL_SHA
 from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.paths import PROJECT_ROOT

@@ -56,7 +56,7 @@ class Steps:
     # ----- 1. source ------------------------------------------------------------
 
     def source(self) -> dict:
-        from farm.build.source import prepare_source
+        from farm.build.source.prepare import prepare_source
 
         r = self.recipe
         result = prepare_source(r["source"], self.work / "src", name=r["name"], platform=self.cell["platform"],

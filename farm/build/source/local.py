@@ -1,0 +1,66 @@
+"""A local folder as the source: copied (no cache), its content digest is the pin."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from farm.build.source.base import (
+    Fetched,
+)
+from farm.errors import BadInput
+from farm.paths import PROJECT_ROOT, display
+
+# Left out of a local path copy and its digest: artefacts of earlier in-place builds.
+_PATH_IGNORED_ANYWHERE = ("__pycache__", "*.egg-info", ".git", "*.pyc")
+_PATH_IGNORED_TOP = ("build", "dist", ".eggs")
+
+
+def _path_ignore(top: Path):
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        import fnmatch
+
+        out = {n for n in names if any(fnmatch.fnmatch(n, pat) for pat in _PATH_IGNORED_ANYWHERE)}
+        if Path(folder) == top:
+            out |= {n for n in names if n in _PATH_IGNORED_TOP}
+        return out
+
+    return ignore
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the relative paths, modes and contents of a local source (ignored names excluded)."""
+    root = Path(root)
+    ignore = _path_ignore(root)
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        skip = ignore(folder, dirs + files)
+        dirs[:] = sorted(d for d in dirs if d not in skip and not Path(folder, d).is_symlink())
+        links = [d for d in os.listdir(folder) if Path(folder, d).is_symlink() and d not in skip]
+        for name in sorted(set(f for f in files if f not in skip) | set(links)):
+            p = Path(folder, name)
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink():
+                digest.update(f"L {rel} {os.readlink(p)}\n".encode())
+                continue
+            digest.update(f"F {rel} {p.stat().st_mode & 0o111:o} {p.stat().st_size}\n".encode())
+            with open(p, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_path(path: object, dest: Path, *, base_dir: Path | None = None, where: str = "recipe") -> Fetched:
+    """Copy a local source folder into `dest`; the pin is its content digest."""
+    if not isinstance(path, str) or not path:
+        raise BadInput(where, "source.path", path, "expected a folder path")
+    src = Path(path)
+    if not src.is_absolute():
+        src = Path(base_dir or PROJECT_ROOT) / src
+    if not src.is_dir():
+        raise BadInput(where, "source.path", path, f"no such folder ({display(src)})")
+    digest = tree_digest(src)
+    shutil.copytree(src, dest, symlinks=True, ignore=_path_ignore(src))
+    return Fetched("path", digest, f"path {display(src)} (content {digest[:12]})")
