@@ -276,12 +276,7 @@ def _refuse_on_a_damaged_journal(root: Path, idx: JournalIndex, result: PublishR
 def publish(wheels, wheelhouse, record=None) -> PublishResult:
     """Publish wheel files into the wheelhouse. `record`: build record(s) (see load_records)."""
     root = house_folder(wheelhouse, create=True)
-    paths = [Path(w) for w in wheels]
-    seen: dict[str, Path] = {}
-    for w in paths:
-        if w.name in seen:
-            raise BadInput(display(w), None, None, f"the same wheel name is given twice (also {display(seen[w.name])})")
-        seen[w.name] = w
+    paths = _distinct_wheels(wheels)
     records = load_records(record, paths)
     prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
     result = PublishResult()
@@ -300,65 +295,17 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             _refuse_on_a_damaged_journal(root, idx, result)
             config = Config.load(root)
             projects = {p.name.project for p in prepared}
-            live = {e.file: e for project in projects for e in idx.entries(project)}
-            fresh, repeat = [], []
-            for p in prepared:
-                old = live.get(p.name.file)
-                if old is None:
-                    fresh.append(p)
-                elif old.sha256 != p.sha256:
-                    raise PublishConflict(
-                        f"{display(p.source)}: {p.name.file} is already published with other bytes "
-                        f"(sha256 {old.sha256[:12]}..., this one {p.sha256[:12]}...); a rebuild needs a higher build number")
-                else:
-                    repeat.append((p, old))
-            for p, old in repeat:  # same bytes: restore what a crash or damage took, then only pages
-                folder = root / FILES / old.project
-                if not _intact_copy(folder, old, p.metadata):
-                    existed = os.path.lexists(folder / old.file)
-                    _place(root, p)
-                    if existed:
-                        result.replaced.append(old)
-                result.already.append(old)
-            # A crash may have come between an earlier journal append and its pages: diff against the
-            # house without the repeated wheels, so every page their arrival changes (a new channel's
-            # torch-free listings too) is regenerated; pages already right are skipped unwritten.
-            repeated = {old.file for _, old in repeat}
-            before_entries = {project: [e for e in idx.entries(project) if e.file not in repeated]
-                              for project in projects}
-            sums_before = dict(idx.summaries)
-            sums_before.update({project: Summary.of(es) for project, es in before_entries.items()})
-            lines_before = channel_lines(sums_before.values(), config)
+            fresh, repeat = _fresh_and_repeated(prepared, idx, projects)
+            _restore_repeated(root, repeat, result)
+            before = _Before.of(idx, projects, {old.file for _, old in repeat}, config)
             now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             host = socket.gethostname()
             new_entries = [_entry(p, now, host) for p in fresh]
             for p in fresh:
                 _place(root, p)
-            records = append_records(root, [e.to_json() for e in new_entries])
-            idx.appended(records)
+            idx.appended(append_records(root, [e.to_json() for e in new_entries]))
             result.published = new_entries
-            lines_after = channel_lines(idx.summaries.values(), config)
-            # A publisher killed between its journal append and its pages left projects the journal lists
-            # but whose pages are missing: a root page this publish rewrites would link them. They arrive
-            # now, in full, with the channels they open.
-            healed = unpaged(root, idx.summaries, lines_after)
-            for q in healed:
-                before_entries[q] = []
-                sums_before.pop(q, None)
-            if healed:
-                lines_before = channel_lines(sums_before.values(), config)
-            # A new channel lists the torch-free wheels of its line: those projects' pages change too.
-            moved = {c for c in lines_before.keys() | lines_after.keys() if lines_before.get(c) != lines_after.get(c)}
-            affected = projects | set(healed) | {q for q, s in idx.summaries.items() if moved & set(s.free)}
-            before = Site(House.derive([e for q in sorted(affected) for e in (before_entries[q] if q in before_entries else idx.entries(q))],
-                                       config, lines_before), sums_before)
-            after = Site(House.derive([e for q in sorted(affected) for e in idx.entries(q)], config, lines_after),
-                         idx.summaries)
-
-            def fragment_of(project: str) -> bytes:
-                return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
-
-            result.pages = update(root, before, after, projects=idx.projects(), fragment_of=fragment_of)
+            result.pages = _update_pages(root, idx, config, projects, before)
             idx.save()
             idx.close()
             step("pages written")
@@ -367,3 +314,90 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
             if p.temp is not None:
                 p.temp.unlink(missing_ok=True)
     return result
+
+
+def _distinct_wheels(wheels) -> list[Path]:
+    paths = [Path(w) for w in wheels]
+    seen: dict[str, Path] = {}
+    for w in paths:
+        if w.name in seen:
+            raise BadInput(display(w), None, None, f"the same wheel name is given twice (also {display(seen[w.name])})")
+        seen[w.name] = w
+    return paths
+
+
+def _fresh_and_repeated(prepared: list[_Prepared], idx: JournalIndex, projects: set[str]
+                        ) -> tuple[list[_Prepared], list[tuple[_Prepared, ManifestEntry]]]:
+    """The wheels the journal does not list yet, and those it lists with the same bytes (with their entry);
+    the same file name with other bytes is a conflict."""
+    live = {e.file: e for project in projects for e in idx.entries(project)}
+    fresh, repeat = [], []
+    for p in prepared:
+        old = live.get(p.name.file)
+        if old is None:
+            fresh.append(p)
+        elif old.sha256 != p.sha256:
+            raise PublishConflict(
+                f"{display(p.source)}: {p.name.file} is already published with other bytes "
+                f"(sha256 {old.sha256[:12]}..., this one {p.sha256[:12]}...); a rebuild needs a higher build number")
+        else:
+            repeat.append((p, old))
+    return fresh, repeat
+
+
+def _restore_repeated(root: Path, repeat: list[tuple[_Prepared, ManifestEntry]], result: PublishResult) -> None:
+    """Same bytes: restore what a crash or damage took; the journal is not touched."""
+    for p, old in repeat:
+        folder = root / FILES / old.project
+        if not _intact_copy(folder, old, p.metadata):
+            existed = os.path.lexists(folder / old.file)
+            _place(root, p)
+            if existed:
+                result.replaced.append(old)
+        result.already.append(old)
+
+
+@dataclass
+class _Before:
+    """The house as the pages should have shown it before this publish.
+
+    A crash may have come between an earlier journal append and its pages: the diff is taken against the
+    house without the repeated wheels, so every page their arrival changes (a new channel's torch-free
+    listings too) is regenerated; pages already right are skipped unwritten."""
+    entries: dict[str, list[ManifestEntry]]   # the published projects, without the repeated wheels
+    summaries: dict[str, Summary]
+    lines: dict[str, list[str]]               # CUDA line -> torch minors with a channel
+
+    @classmethod
+    def of(cls, idx: JournalIndex, projects: set[str], repeated: set[str], config: Config) -> _Before:
+        entries = {project: [e for e in idx.entries(project) if e.file not in repeated] for project in projects}
+        summaries = dict(idx.summaries)
+        summaries.update({project: Summary.of(es) for project, es in entries.items()})
+        return cls(entries, summaries, channel_lines(summaries.values(), config))
+
+
+def _update_pages(root: Path, idx: JournalIndex, config: Config, projects: set[str], before: _Before) -> list[str]:
+    """Regenerate the pages whose listing changed between `before` and the journal now; their keys."""
+    lines_after = channel_lines(idx.summaries.values(), config)
+    # A publisher killed between its journal append and its pages left projects the journal lists
+    # but whose pages are missing: a root page this publish rewrites would link them. They arrive
+    # now, in full, with the channels they open.
+    healed = unpaged(root, idx.summaries, lines_after)
+    for q in healed:
+        before.entries[q] = []
+        before.summaries.pop(q, None)
+    if healed:
+        before.lines = channel_lines(before.summaries.values(), config)
+    # A new channel lists the torch-free wheels of its line: those projects' pages change too.
+    moved = {c for c in before.lines.keys() | lines_after.keys() if before.lines.get(c) != lines_after.get(c)}
+    affected = projects | set(healed) | {q for q, s in idx.summaries.items() if moved & set(s.free)}
+    site_before = Site(House.derive([e for q in sorted(affected)
+                                     for e in (before.entries[q] if q in before.entries else idx.entries(q))],
+                                    config, before.lines), before.summaries)
+    site_after = Site(House.derive([e for q in sorted(affected) for e in idx.entries(q)], config, lines_after),
+                      idx.summaries)
+
+    def fragment_of(project: str) -> bytes:
+        return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
+
+    return update(root, site_before, site_after, projects=idx.projects(), fragment_of=fragment_of)
