@@ -352,9 +352,9 @@ def test_built_keys_of_a_house_that_does_not_exist_is_empty(tmp_path):
 def test_incremental_publishes_through_the_journal_cache_give_the_pages_a_rebuild_gives(house, wheels, monkeypatch):
     """Publishes read the journal through .manifest.idx (rewritten every CACHE_EVERY lines); whatever the
     cache state (fresh, stale, torn journal tail, foreign), the pages equal a full rebuild's."""
-    from farm.wheelhouse import manifest
+    from farm.wheelhouse import journalindex
 
-    monkeypatch.setattr(manifest, "CACHE_EVERY", 3)
+    monkeypatch.setattr(journalindex, "CACHE_EVERY", 3)
     labels = ["cu128torch2.8", "cu128", "cu128torch2.9", "cu130torch2.10", "cu130", "cu128torch2.10"]
     for i in range(14):
         name = ["drtk", "tfree", "My_Ext"][i % 3]

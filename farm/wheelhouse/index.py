@@ -29,7 +29,8 @@ from urllib.parse import quote
 from farm.errors import BadInput, FarmError
 from farm.paths import display
 from farm.versions import cuda_tag, vtuple
-from farm.wheelhouse.manifest import KEEP_PER_CELL, JournalIndex, ManifestEntry, Summary, fsync_dir, step
+from farm.wheelhouse.journalindex import JournalIndex, Summary
+from farm.wheelhouse.manifest import KEEP_PER_CELL, ManifestEntry, fsync_dir, step
 from farm.wheelhouse.names import hyphen_name
 
 SIMPLE = "simple"

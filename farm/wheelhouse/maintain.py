@@ -32,12 +32,12 @@ from farm.wheelhouse.index import (
     rebuild_pages,
     update,
 )
+from farm.wheelhouse.journalindex import cache_problem
 from farm.wheelhouse.manifest import (
     MANIFEST,
-    _live,
     append_records,
-    cache_problem,
     house_folder,
+    live_entries,
     locked,
     read_journal,
     scan,
@@ -176,7 +176,7 @@ def verify(wheelhouse) -> list[str]:
         problems.append(f"{MANIFEST}:{found.torn_line}: torn last record ({found.torn} bytes without a newline); "
                         "`farm index recover` cuts it and re-adds its wheel from files/")
     try:
-        live, _ = _live(path, ((n, rec) for n, _, rec in found.records))
+        live, _ = live_entries(path, ((n, rec) for n, _, rec in found.records))
     except BadInput as exc:
         problems.append(f"{exc}; {fix}")
         live = {}

@@ -35,13 +35,12 @@ from farm.errors import BadInput
 from farm.paths import display
 from farm.versions import minor_of
 from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
+from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
 from farm.wheelhouse.manifest import (
     MANIFEST,
-    JournalIndex,
     ManifestEntry,
     PublishConflict,
-    Summary,
     append_records,
     fsync_dir,
     house_folder,
