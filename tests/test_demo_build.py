@@ -20,7 +20,7 @@ from wheel_builder import demo_extension
 from farm.arch.archlist import ArchList
 from farm.arch.fatbin import read_fatbin
 from farm.build import environments as E
-from farm.build import toolkit as T
+from farm.build import provision as P
 from farm.build.compile import CompileFailed, compile_environment, compile_wheel
 from farm.build.downloads import download
 from farm.paths import PROJECT_ROOT, cache_dir
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def toolkit():
-    return T.provision_toolkit("13.0", "x86_64", source="pypi")
+    return P.provision_toolkit("13.0", "x86_64", source="pypi")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from farm.build import libcudastub as S
+from farm.build import provision as P
 from farm.build import repair
 from farm.build import toolkit as T
 from farm.build.verify.importcheck import libcuda_stub_dir
@@ -27,9 +29,9 @@ from farm.run import cachebudget
 def pypi_toolkit(tmp_path_factory):
     """CUDA 13.0 assembled from NVIDIA's wheels (the shared download cache) the way provisioning
     does, into a private cache entry: the shared one may be leased by running builds."""
-    wheels = T._cached_toolkit_wheels("13.0", "x86_64", (), None) or T.download_toolkit_wheels("13.0", "x86_64")
-    home = T.toolkit_dir("13.0", "x86_64", (), tmp_path_factory.mktemp("cache"))
-    with cachebudget.acquire(home, lambda entry: T._build_prefix(entry, wheels, "x86_64", ())) as lease:
+    wheels = P._cached_toolkit_wheels("13.0", "x86_64", (), None) or P.download_toolkit_wheels("13.0", "x86_64")
+    home = P.toolkit_dir("13.0", "x86_64", (), tmp_path_factory.mktemp("cache"))
+    with cachebudget.acquire(home, lambda entry: P._build_prefix(entry, wheels, "x86_64", ())) as lease:
         yield T.Toolkit.from_json({**lease.info["toolkit"], "home": str(home)})
 
 
@@ -51,7 +53,7 @@ def test_the_pypi_toolkit_has_a_libcuda_stub_that_links_and_says_no_device(pypi_
     assert stub.parent in tk.stub_dirs()
     assert soname(stub) == "libcuda.so.1"
     names = exported(stub)
-    declared = T.driver_api_names(tk.home / "include" / "cuda.h")
+    declared = S.driver_api_names(tk.home / "include" / "cuda.h")
     assert {"cuInit", "cuTensorMapEncodeTiled", "cuCtxCreate_v4", "cuMemcpyHtoD_v2"} <= names
     assert set(declared) <= names and len(declared) > 500
     # A shared library and a program linking -lcuda against the stub directory, as a build does.
@@ -84,7 +86,7 @@ def test_driver_api_names_follow_the_headers_defines(tmp_path):
         "CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);\n"
         "CUresult CUDAAPI\ncuLaunchKernel(CUfunction f);\n"
         "/* CUDAAPI in prose is not a declaration */ int cuda_helper(void);\n")
-    assert T.driver_api_names(header) == sorted([
+    assert S.driver_api_names(header) == sorted([
         "cuInit", "cuCtxCreate", "cuCtxCreate_v4", "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds",
         "cuLaunchKernel", "cuLaunchKernel_ptsz"])
 
@@ -92,7 +94,7 @@ def test_driver_api_names_follow_the_headers_defines(tmp_path):
 def fake_complete_toolkit(root: Path, header: Path) -> Path:
     """A complete, read-only toolkit cache entry (the layout's parts the stub needs) built as the
     farm builds one, without a stub: what a cache made before the stub existed holds."""
-    home = T.toolkit_dir("13.0", T.host_arch(), (), root)
+    home = P.toolkit_dir("13.0", T.host_arch(), (), root)
 
     def build(entry: Path) -> dict:
         (entry / "include").mkdir()
@@ -102,7 +104,7 @@ def fake_complete_toolkit(root: Path, header: Path) -> Path:
         return {"toolkit": {}}
 
     cachebudget.acquire(home, build).close()
-    assert T.find_libcuda_stub([home]) is None
+    assert S.find_libcuda_stub([home]) is None
     return home
 
 
@@ -130,30 +132,30 @@ def test_a_cached_toolkit_gets_its_stub_once_under_its_lock_while_builds_use_it(
     # A build holds the toolkit (its lease, for hours) and another process is making the stub:
     # this one waits for the maker only, then finds the stub made (here: makes it).
     user = hold(cachebudget.lock_file(home), "shared", 60)
-    maker = hold(T.stub_lock(home), "exclusive", 1.5)
+    maker = hold(S.stub_lock(home), "exclusive", 1.5)
     try:
         t0 = time.monotonic()
-        stub = T.stub_cached_toolkit(home, T.host_arch())
+        stub = S.stub_cached_toolkit(home, T.host_arch())
         waited = time.monotonic() - t0
     finally:
         for p in (user, maker):
             p.kill()
             p.wait()
     assert 1.0 < waited < 30, waited
-    assert stub == home / "lib64" / "stubs" / "libcuda.so" and T.find_libcuda_stub([home]) == stub
+    assert stub == home / "lib64" / "stubs" / "libcuda.so" and S.find_libcuda_stub([home]) == stub
     assert soname(stub) == "libcuda.so.1" and exported(stub) >= {"cuInit", "cuTensorMapEncodeTiled"}
     assert sorted(p.name for p in stub.parent.iterdir()) == ["libcuda.so"]      # no temp files left
     assert (home / "lib").stat().st_mode & 0o222 == 0 and stub.parent.stat().st_mode & 0o222 == 0
     # Once: a second call keeps the same file.
     inode = stub.stat().st_ino
-    assert T.stub_cached_toolkit(home, T.host_arch()) == stub and stub.stat().st_ino == inode
+    assert S.stub_cached_toolkit(home, T.host_arch()) == stub and stub.stat().st_ino == inode
 
 
 def test_two_processes_adding_the_stub_at_once_leave_one_whole_stub(tmp_path):
     header = tmp_path / "cuda.h"
     header.write_text("".join(f"CUresult CUDAAPI cuFn{i}(void);\n" for i in range(3000)))
     home = fake_complete_toolkit(tmp_path / "cache", header)
-    code = "import sys; from farm.build import toolkit as T; T.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), T.host_arch())"
+    code = "import sys; from farm.build import toolkit as T; from farm.build import libcudastub as S; S.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), T.host_arch())"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(home)], stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     for p in procs:
@@ -168,10 +170,10 @@ def test_verify_needs_driver_finds_the_toolkits_stub_first(tmp_path, monkeypatch
     header.write_text("CUresult CUDAAPI cuInit(unsigned int);\n")
     monkeypatch.setenv("FARM_CACHE", str(tmp_path / "cache"))
     home = fake_complete_toolkit(tmp_path / "cache", header)
-    T.stub_cached_toolkit(home, T.host_arch())
+    S.stub_cached_toolkit(home, T.host_arch())
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
-    if T.find_libcuda_stub([Path("/usr/local/cuda")]) is not None:
+    if S.find_libcuda_stub([Path("/usr/local/cuda")]) is not None:
         pytest.skip("an installed /usr/local/cuda stub comes before the farm's toolkits")
 
     def not_read():

@@ -13,13 +13,14 @@ import time
 import pytest
 
 from farm.arch.archlist import ArchList
+from farm.build import provision as P
 from farm.build import toolkit as T
 from farm.errors import BadInput
 
 
 @pytest.fixture(scope="module")
 def pypi_toolkit():
-    return T.provision_toolkit("13.0", "x86_64", source="pypi")
+    return P.provision_toolkit("13.0", "x86_64", source="pypi")
 
 
 @pytest.mark.slow
@@ -61,7 +62,7 @@ def test_pypi_nvcc_compiles_and_reports_the_arches_it_can_emit(pypi_toolkit, tmp
 @pytest.mark.slow
 def test_second_provision_is_a_cache_hit(pypi_toolkit):
     t0 = time.monotonic()
-    again = T.provision_toolkit("13.0", "x86_64", source="pypi")
+    again = P.provision_toolkit("13.0", "x86_64", source="pypi")
     assert time.monotonic() - t0 < 2.0
     assert again.home == pypi_toolkit.home and again.version == pypi_toolkit.version
 
@@ -85,37 +86,37 @@ def test_cuda_12_line_without_a_toolkit_fails_with_one_clear_line():
     if tk is not None:
         pytest.skip(f"this machine has a CUDA 12.8 toolkit at {tk.home}")
     with pytest.raises(T.ToolkitUnavailable) as err:
-        T.provision_toolkit("12.8", "x86_64")
+        P.provision_toolkit("12.8", "x86_64")
     msg = str(err.value)
     assert "\n" not in msg and "CUDA 12.8" in msg and "PyPI has no nvcc for CUDA 12.x" in msg
     with pytest.raises(T.ToolkitUnavailable):
-        T.download_toolkit_wheels("12.8", "linux")
+        P.download_toolkit_wheels("12.8", "linux")
 
 
 def test_an_installed_toolkit_on_the_line_is_used_with_an_explicit_home():
     tk, passed = T.find_system_toolkit("13.0")
     if tk is None:
         pytest.skip(f"no installed CUDA 13.0 toolkit here ({passed})")
-    chosen = T.provision_toolkit("13.0", "x86_64", source="system")
+    chosen = P.provision_toolkit("13.0", "x86_64", source="system")
     assert chosen.source in ("system", "image") and chosen.line == "13.0"
     assert chosen.env()["CUDA_HOME"] == str(chosen.home) and chosen.nvcc.exists()
     with pytest.raises(T.ToolkitUnavailable) as err:
-        T.provision_toolkit("13.2", "x86_64", source="system")
+        P.provision_toolkit("13.2", "x86_64", source="system")
     assert "13.2" in str(err.value)
 
 
 @pytest.mark.slow
 def test_an_unknown_cuda_component_is_refused_by_name(pypi_toolkit, tmp_path):
-    wheels = T._cached_toolkit_wheels("13.0", "x86_64", (), None)
+    wheels = P._cached_toolkit_wheels("13.0", "x86_64", (), None)
     assert wheels is not None
     with pytest.raises(BadInput) as err:
-        T._build_prefix(tmp_path / "tk", wheels, "x86_64", ("curandd",))
+        P._build_prefix(tmp_path / "tk", wheels, "x86_64", ("curandd",))
     assert "cuda_components" in str(err.value) and "curandd" in str(err.value) and "curand" in str(err.value)
     assert not (tmp_path / "tk").exists()
 
 
 def test_toolkit_requirement_pins_the_line_through_the_meta_package():
-    req = T.toolkit_requirement("13.0", ("curand", "nvtx"))
+    req = P.toolkit_requirement("13.0", ("curand", "nvtx"))
     assert req.startswith("cuda-toolkit[") and req.endswith("]==13.0.*")
     extras = req[len("cuda-toolkit["):req.index("]")].split(",")
     assert {"nvcc", "crt", "nvvm", "cccl", "cudart", "cublas", "cusparse", "cusolver", "curand", "nvtx"} == set(extras)
@@ -129,6 +130,6 @@ def test_the_pypi_prefix_works_where_the_cache_is_mounted(pypi_toolkit, tmp_path
     mounted = tmp_path / "mnt"
     mounted.symlink_to(pypi_toolkit.home.parent.parent)
     monkeypatch.setenv("FARM_CACHE", str(mounted))
-    tk = T.provision_toolkit("13.0", "x86_64", source="pypi", allow_download=False)
+    tk = P.provision_toolkit("13.0", "x86_64", source="pypi", allow_download=False)
     assert tk.home == mounted / "toolkits" / pypi_toolkit.home.name
     assert T.nvcc_version(tk.nvcc) == ("13.0", pypi_toolkit.version)

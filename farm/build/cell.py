@@ -401,7 +401,7 @@ def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> Bu
 def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, log_path: Path) -> None:
     """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform."""
     from farm.build.environments import EnvRequest, download_build_deps, download_environment
-    from farm.build.toolkit import download_toolkit_wheels, installed_toolkit
+    from farm.build.provision import download_toolkit_wheels, installed_toolkit
 
     def note(message: str) -> None:
         _append(log_path, f"[host] {message}")

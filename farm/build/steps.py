@@ -82,7 +82,7 @@ class Steps:
     # ----- 3. toolkit ------------------------------------------------------------
 
     def toolkit_step(self) -> dict:
-        from farm.build.toolkit import provision_toolkit
+        from farm.build.provision import provision_toolkit
 
         tk = provision_toolkit(self.cell["cuda"], self.spec["target"]["arch"], self.recipe["cuda_components"],
                                source=self.spec["toolkit_source"], allow_download=False, log=self.log)

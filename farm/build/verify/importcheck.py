@@ -165,16 +165,13 @@ def libcuda_stub_dir(w: Wheel) -> Path:
     """A folder with a libcuda.so.1 stub, for verify.needs_driver (there is no driver here).
 
     The toolkit's own stub when one is found (CUDA_HOME, /usr/local/cuda, then the farm's PyPI
-    toolkits, which farm.build.toolkit gives one); else one made here by the same maker
-    (farm.build.toolkit.build_libcuda_stub) from every driver function the wheel's modules use, each
+    toolkits, which farm.build.provision gives one); else one made here by the same maker
+    (farm.build.libcudastub.build_libcuda_stub) from every driver function the wheel's modules use, each
     returning CUDA_ERROR_NO_DEVICE (100), so that loading resolves and any call reports no device.
     """
-    from farm.build.toolkit import (
-        ToolkitUnavailable,
-        build_libcuda_stub,
-        cached_toolkit_homes,
-        find_libcuda_stub,
-    )
+    from farm.build.libcudastub import build_libcuda_stub, find_libcuda_stub
+    from farm.build.provision import cached_toolkit_homes
+    from farm.build.toolkit import ToolkitUnavailable
 
     d = w.workdir / "libcuda-stub"
     d.mkdir(exist_ok=True)
