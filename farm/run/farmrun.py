@@ -1,4 +1,4 @@
-"""`farm run` (docs/design.md, SPEC 11, 8.4): plan, skip what is built, build the rest in parallel, resumably.
+"""`farm run` (SPEC 11, 8.4): plan, skip what is built, build the rest in parallel, resumably.
 
     result = run_farm(RunOptions(filters=Filters(package=("farm_demo",)), jobs=2))
     result.exit_code   # 0 only when every selected cell is built, skipped or an expected failure

@@ -1,4 +1,4 @@
-"""The parallel loop of `farm run` (docs/design.md, SPEC 8.4 and 11): admit cells as memory and their
+"""The parallel loop of `farm run` (SPEC 8.4 and 11): admit cells as memory and their
 dependencies allow, start each in its child process, reap, retry an out-of-memory kill once, stop on an
 interrupt.
 

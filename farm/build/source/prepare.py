@@ -1,4 +1,4 @@
-"""Build step 1 for one cell (docs/design.md, SPEC 8.1): fetch the source, add the extra sources,
+"""Build step 1 for one cell (SPEC 8.1): fetch the source, add the extra sources,
 apply the patches, and put the tree in place as the cell's work dir.
 
 The work dir is assembled in a temporary sibling and renamed into place only
