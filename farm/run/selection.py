@@ -18,6 +18,7 @@ from pathlib import Path
 
 from farm.errors import FarmError
 from farm.policy import DEFAULT_PEAK_GB_PER_JOB
+from farm.recipes.cells import Cell
 from farm.recipes.plan import Filters, Plan, full_plan, in_shard
 from farm.run.report import iso_utc
 from farm.runners.emulation import cell_arch, is_emulated
@@ -225,15 +226,15 @@ class _Walk:
     """What `visit` reads (the plan and this host's probes) and what it fills (todo, states)."""
     plan: Plan
     chosen_ids: set[str]
-    key_of: Callable[[object], str]
+    key_of: Callable[[Cell], str]
     done: set[str]
     able: Buildability
-    by_coords: dict[tuple, object]
+    by_coords: dict[tuple, Cell]   # (recipe, cuda, torch if it links torch, python, platform) -> cell
     todo: dict[str, CellRun] = field(default_factory=dict)
     states: dict[str, CellState] = field(default_factory=dict)
 
 
-def visit(cell, walk: _Walk) -> CellState:
+def visit(cell: Cell, walk: _Walk) -> CellState:
     """The state of a cell; todo cells (and the cells they need) join `walk.todo`."""
     if cell.id in walk.states:
         return walk.states[cell.id]
