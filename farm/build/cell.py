@@ -108,7 +108,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     published; `flags` records nvcc's targets for `flags_minutes` and builds no wheel. record: write
     the recipe's build record (recipes/records/<name>.json) at the end, failed or not; None: when
     FARM_RECORD=1."""
-    from farm.runners import get_runner
+    from farm.runners.base import get_runner
 
     if tier not in TIERS:
         raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
@@ -218,7 +218,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     the builder image for the container runner, on this machine for the host runner. Refused in one
     line before anything is downloaded or built."""
     from farm.build.toolkit import find_system_toolkit
-    from farm.runners import default_kind
+    from farm.runners.base import default_kind
     from farm.versions import vtuple
 
     major = vtuple(cell.cuda)[0]

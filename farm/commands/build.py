@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from farm.runners import RUNNER_KINDS
+from farm.runners.base import RUNNER_KINDS
 
 
 def register(sub) -> None:

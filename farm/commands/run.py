@@ -7,7 +7,7 @@ from pathlib import Path
 from farm.commands.common import check_selection, empty_selection, output_dir
 from farm.commands.plan import add_filters, filters_of
 from farm.errors import BadInput
-from farm.runners import RUNNER_KINDS
+from farm.runners.base import RUNNER_KINDS
 
 
 def register(sub) -> None:

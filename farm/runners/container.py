@@ -24,7 +24,16 @@ from filelock import FileLock
 
 from farm.errors import FarmError
 from farm.paths import PROJECT_ROOT, cache_dir
-from farm.runners import CACHE_TARGET, PROJECT_TARGET, WORK_TARGET, Runner, images
+from farm.runners import images
+from farm.runners.base import (
+    CACHE_TARGET,
+    ENTRYPOINT_MODULE,
+    PROJECT_TARGET,
+    WORK_TARGET,
+    StepResult,
+    run_logged,
+    standard_mounts,
+)
 from farm.runners.engine import Engine, Limits, Mount
 
 TOOLS_TARGET = "/farm/tools"
@@ -46,13 +55,15 @@ def project_requirements() -> list[str]:
         return re.findall(r'"([^"]+)"', block)
 
 
-class ContainerRunner(Runner):
+class ContainerRunner:
+    """farm.runners.base.Runner in the cell's builder image."""
+
     kind = "container"
     network_isolation = "none"
 
     def __init__(self, arch: str | None = None, engine: Engine | None = None, image: images.Image | None = None,
-                 limits: Limits | None = None, build_image: bool = True, **kw):
-        super().__init__(**kw)
+                 limits: Limits | None = None, build_image: bool = True, entrypoint: str = ENTRYPOINT_MODULE):
+        self.entrypoint = entrypoint
         self.engine = engine or Engine.detect()
         self.arch = images.check_arch(arch or images.host_arch())
         if image is None:
@@ -66,6 +77,9 @@ class ContainerRunner(Runner):
         self._tools: Path | None = None
 
     # ----- what a step sees ------------------------------------------------------
+
+    def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
+        return standard_mounts(work, out, caches)
 
     def inside(self, host_path, mounts):
         p = Path(host_path).resolve()
@@ -153,6 +167,13 @@ class ContainerRunner(Runner):
             shutil.rmtree(tmp, ignore_errors=True)
 
     # ----- running ---------------------------------------------------------------
+
+    def network_isolation_when_off(self) -> str:
+        return self.network_isolation
+
+    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
+                 log_path: Path | None = None, timeout: float | None = None) -> StepResult:
+        return run_logged(self, self._execute, argv, env, mounts, network, log_path, timeout)
 
     def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
         tools = self.tools_env()

@@ -15,10 +15,13 @@ import signal
 import subprocess
 import sys
 from functools import lru_cache
+from pathlib import Path
 
 from farm.errors import BadInput
 from farm.paths import PROJECT_ROOT
-from farm.runners import WORK_TARGET, Runner, images
+from farm.runners import images
+from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
+from farm.runners.engine import Mount
 
 
 @lru_cache(maxsize=1)
@@ -28,17 +31,29 @@ def _can_unshare_net() -> bool:
     return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode == 0
 
 
-class HostRunner(Runner):
+class HostRunner:
+    """farm.runners.base.Runner on this machine."""
+
     kind = "host"
 
-    def __init__(self, arch: str | None = None, **kw):
-        super().__init__(**kw)
+    def __init__(self, arch: str | None = None, entrypoint: str = ENTRYPOINT_MODULE):
+        self.entrypoint = entrypoint
         want = images.check_arch(arch or images.host_arch())
         if want != images.host_arch():
             raise BadInput("farm build", "--runner", "host",
                            f"this host is {images.host_arch()}; {want} cells need the container runner")
         self.arch = want
         self.network_isolation = "namespace" if _can_unshare_net() else "open"
+
+    def network_isolation_when_off(self) -> str:
+        return self.network_isolation
+
+    def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
+        return standard_mounts(work, out, caches)
+
+    def inside(self, host_path: Path | str, mounts=()) -> str:
+        """A step on the host sees host paths."""
+        return str(Path(host_path).resolve())
 
     def python(self, version: str) -> tuple[str, list]:
         if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
@@ -47,6 +62,10 @@ class HostRunner(Runner):
             if re.fullmatch(re.escape(version) + r"\.\d+", prefix.name):
                 return str(prefix / "bin" / "python3"), []
         raise BadInput("farm build", "python", version, "no such Python on this host (pyenv prefixes, the farm's own)")
+
+    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
+                 log_path: Path | None = None, timeout: float | None = None) -> StepResult:
+        return run_logged(self, self._execute, argv, env, mounts, network, log_path, timeout)
 
     def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
         cmd = [sys.executable, "-m", self.entrypoint, *argv]
