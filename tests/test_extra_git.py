@@ -8,6 +8,7 @@ Upstreams are real repositories made here (one reached through an https URL that
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -176,8 +177,9 @@ def test_a_git_extra_source_is_part_of_the_build_key_and_an_archive_keys_as_befo
 
 
 def test_the_farms_own_source_step_reads_a_git_extra_source_from_the_recipe(vendor, main_repo, tmp_path):
-    """build._recipe_spec hands the recipe's raw entries to the steps: the git form goes through."""
-    from farm.build.cell import _recipe_spec
+    """The step spec carries the recipe's typed extra sources to the steps: the git form goes through JSON."""
+    from farm.build.spec import SourcePart, from_plain, source_part, to_plain
+    from farm.build.steps import fetch_source
 
     _, old, _ = vendor
     repo, sha = main_repo
@@ -186,8 +188,10 @@ def test_the_farms_own_source_step_reads_a_git_extra_source_from_the_recipe(vend
     path = folder / "pkg.yml"
     path.write_text(f"name: pkg\nlinks_torch: true\nsource:\n  git:\n    url: file://{repo}\n    ref: '{sha}'\n"
                     f"extra_sources:\n- {{git: {FAKE_URL}, commit: '{old}', dest: vendor/eigen, exclude: ['*.png']}}\n")
-    spec = _recipe_spec(load_recipe(path, load_defaults()))
-    res = prep(spec["source"], tmp_path / "work", extra_sources=spec["extra_sources"], where=spec["where"])
+    recipe = load_recipe(path, load_defaults())
+    part = from_plain(SourcePart, json.loads(json.dumps(to_plain(source_part(recipe)))), "spec.source")
+    assert part == source_part(recipe)
+    res = fetch_source(part, tmp_path / "work", name="pkg", where="recipes/pkg.yml", platform="linux", cuda="13.0")
     assert res.extra_sources == (("vendor/eigen", FAKE_URL, old),)
     assert subprocess.run(["git", "-C", str(tmp_path / "work" / "vendor" / "eigen"), "status", "--porcelain"],
                           capture_output=True, text=True, check=True).stdout == ""

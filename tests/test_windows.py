@@ -1,8 +1,9 @@
 """Windows cells on this (Linux) host: the refusal for real, the Windows module's pure parts.
 
 No Windows host is at hand: `find_msvc` / `find_cuda_toolkit` are driven with a fake
-`run` / `exists` carrying recorded vswhere, vcvars `set` and nvcc output. That is the
-only fake here, and it stands for what cannot run on Linux (cmd.exe, vswhere.exe).
+`run` / `exists` carrying recorded vswhere, vcvars `set` and nvcc output, and the
+Windows build platform the steps call gets those fakes' results. Those are the only
+fakes here, and they stand for what cannot run on Linux (cmd.exe, vswhere.exe, nvcc.exe).
 """
 
 from __future__ import annotations
@@ -200,3 +201,40 @@ def test_a_windows_wheel_is_not_repaired(tmp_path):
     result = repair_wheel(wheel, tmp_path / "repaired", torch_site_packages=[], platform="windows")
     assert Path(result.wheel) == wheel and not (tmp_path / "repaired").exists()
     assert "not repaired" in windows.repair_note() and windows.WHEEL_PLAT in windows.repair_note()
+
+
+# ----- the platform seam the steps call --------------------------------------------------------
+
+
+def test_the_steps_pick_the_windows_platform_for_a_windows_cell_only():
+    from farm.build.platform import LinuxPlatform, for_cell
+
+    assert isinstance(for_cell("windows"), windows.WindowsPlatform)
+    assert isinstance(for_cell("linux"), LinuxPlatform) and for_cell("linux_aarch64").name == "linux_aarch64"
+
+
+def test_windows_platform_compile_environment_adapts_the_linux_one(tmp_path, monkeypatch):
+    """What farm.build.steps gets on a Windows host, with find_msvc / find_cuda_toolkit replaced by the
+    recorded vcvars output (fakes: nothing here runs vswhere or nvcc.exe)."""
+    msvc = windows.Msvc(VS, windows.vcvars_path(VS), "14.44.35207", windows.parse_set_output(SET_OUTPUT))
+    tk = windows.WindowsToolkit(windows.DEFAULT_CUDA_ROOT + "\\v13.0", "13.0")
+    monkeypatch.setattr(windows, "find_msvc", lambda: msvc)
+    monkeypatch.setattr(windows, "find_cuda_toolkit", lambda cuda: tk if cuda == "13.0" else None)
+    arch = ArchList.parse("7.5 12.0+PTX", "test", "arch_list")
+    linux_tk = Toolkit(tmp_path / "cuda", "13.0.88", "13.0", "system", "x86_64", ("sm_75",), ("compute_75",))
+    torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "python.exe"), path=Path("C:/venv"),
+                                nvidia_include_dirs=lambda: [])
+    env = windows.WindowsPlatform().compile_environment(
+        arch_list=arch, toolkit=linux_tk, torch_env=torch_env, cuda="13.0", max_jobs=2, nvcc_threads=1,
+        nvcc_flags="", recipe_env={}, exported={})
+    assert env["TORCH_CUDA_ARCH_LIST"] == "7.5 12.0+PTX" and env["CUDA_HOME"] == tk.home
+    assert env["PATH"].split(";")[0].endswith("Scripts") and env["DISTUTILS_USE_SDK"] == "1"
+    assert "CFLAGS" not in env
+
+
+def test_windows_platform_leaves_the_wheel_unrepaired(tmp_path):
+    wheel = tmp_path / "farm_demo-0.1.0+cu130torch2.13-cp311-cp311-win_amd64.whl"
+    wheel.write_bytes(b"")
+    result = windows.WindowsPlatform().repair(wheel, tmp_path / "repaired", torch_env=None, plat=None,
+                                              floor_plat=None, allow_graft=(), wheel_abi="cpython")
+    assert result.wheel == wheel and not result.repaired and result.reason == windows.repair_note()

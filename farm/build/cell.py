@@ -13,18 +13,23 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from farm import __version__, paths
+from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, FarmError
 from farm.recipes.buildkey import KeyMaker, context_for
+from farm.recipes.cells import Cell
 from farm.recipes.model import Recipe
-from farm.recipes.plan import cell_plan
+from farm.recipes.plan import Plan, cell_plan
 from farm.runners import images
+from farm.runners.base import Runner
 from farm.runners.emulation import is_emulated
-from farm.yamlio import load_yaml, write_atomic
+from farm.runners.host import HostRunner
+from farm.yamlio import write_atomic
 
 
 class NotBuildableHere(FarmError):
@@ -81,21 +86,6 @@ def check_buildable_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
         raise NotBuildableHere(why[1])
 
 
-def _recipe_spec(recipe: Recipe) -> dict:
-    """What the steps need of the recipe, as plain JSON (steps may run in a container)."""
-    raw = load_yaml(recipe.path) or {}
-    return {
-        "name": recipe.name, "version": recipe.version, "where": paths.display(recipe.path),
-        "source": raw.get("source"), "submodules": recipe.submodules,
-        "extra_sources": raw.get("extra_sources") or [], "patches": raw.get("patches") or [],
-        "patches_dir": str(Path(recipe.path).parent / "patches" / recipe.name),
-        "base_dir": str(Path(recipe.path).parent), "subdir": recipe.subdir,
-        "build_deps": list(recipe.build_deps), "cuda_components": list(recipe.cuda_components),
-        "env": dict(recipe.env), "pre_build": recipe.pre_build, "nvcc_flags": recipe.nvcc_flags or "",
-        "verify": raw.get("verify") or {}, "allow_graft": list(recipe.allow_graft),
-    }
-
-
 def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None = None, force: bool = False,
                publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
                log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
@@ -139,9 +129,8 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     runner = get_runner(runner_kind, arch=lane)
     described = runner.describe()
     image = getattr(runner, "image", None)
-    target = {"id": image.id if image else "host", "arch": lane,
-              "glibc": image.glibc if image else described["glibc"],
-              "plat_floor": image.plat if image else None}
+    target = Target(id=image.id if image else "host", arch=lane,
+                    glibc=image.glibc if image else described["glibc"], plat_floor=image.plat if image else None)
     if plat and image is not None:
         from farm.runners.images import check_plat
 
@@ -169,11 +158,15 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             if result := up_to_date("published by the build this one waited for"):
                 return result
         out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
+        if tier == "flags" and flags_minutes is None:
+            flags_minutes = DEFAULT_FLAGS_MINUTES
+        build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
+        job = BuildJob(cell, recipe, plan, runner, described, target, key, house, farm_wheels, out, build_number,
+                       publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
+                       max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache, tier=tier,
+                       flags_minutes=flags_minutes)
         try:
-            result = _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries,
-                                   farm_wheels, out=out, publish=publish, plat=plat, log=log, started=started,
-                                   max_jobs=max_jobs, max_jobs_reason=max_jobs_reason,
-                                   compiler_cache=compiler_cache, tier=tier, flags_minutes=flags_minutes)
+            result = _build_locked(job)
         except BuildFailed as exc:
             if record:
                 from farm.recipes.status import write_build_record
@@ -264,123 +257,179 @@ def _cell_lock(cell_id: str, log):
         yield waited
 
 
-def _build_locked(cell, recipe, plan, runner, described, image, target, key, house, entries, farm_wheels, *, out,
-                  publish, plat, log, started, max_jobs, max_jobs_reason, compiler_cache, tier,
-                  flags_minutes) -> BuildResult:
-    from farm.build.ccache import cache_env, decision, group_dir, group_name
+@dataclass(frozen=True)
+class BuildJob:
+    """What `farm build` decided before taking the cell's lock: the locked build's steps read only this."""
 
-    if tier == "flags" and flags_minutes is None:
-        flags_minutes = DEFAULT_FLAGS_MINUTES
-    build_number = None
-    if entries:
-        build_number = 1 + max(int(e.build_tag or 0) for e in entries)
+    cell: Cell
+    recipe: Recipe
+    plan: Plan
+    runner: Runner
+    described: dict               # runner.describe(), asked once
+    target: Target
+    key: str
+    house: Path
+    farm_wheels: list             # farm.build.farmdeps wheels, each with its journal entry
+    out: Path
+    build_number: int | None      # one above the cell's last published build, None for its first
+    publish: bool
+    plat: str | None
+    log: Callable[[str], None]
+    started: float
+    max_jobs: int | None
+    max_jobs_reason: str | None
+    compiler_cache: bool
+    tier: str
+    flags_minutes: float | None   # the flags tier's stop (DEFAULT_FLAGS_MINUTES unless given)
 
-    work = paths.cache_dir() / "work" / cell.id
-    for folder in (out, work):
+    @property
+    def work(self) -> Path:
+        return paths.cache_dir() / "work" / self.cell.id
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "build.log"
+
+    @property
+    def staged(self) -> Path:
+        """Where the build_requires_farm wheels are staged (inside the work mount)."""
+        return self.work / "farm-wheels"
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What the phases of one locked build share once the folders, mounts and specs exist."""
+
+    mounts: list
+    host_spec: Path               # for the source phase, which always runs on the host
+    inside_spec: str              # the runner's spec, as the step sees it
+    toolkit_source: str
+    timeout: float | None
+    record_base: dict
+    jobs: int
+    recipe_jobs: int
+
+
+def _build_locked(job: BuildJob) -> BuildResult:
+    setup = _set_up(job)
+    _run_phase(job, setup, "source", HostRunner(arch=images.host_arch()), str(setup.host_spec), network=True)
+    _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
+    _stage_farm_wheels(job.cell, job.farm_wheels, job.house, job.staged, job.log_path)
+    if job.recipe.pre_build:
+        _run_phase(job, setup, "env,toolkit,prebuild", job.runner, setup.inside_spec, network=True)
+    if job.tier == "flags":
+        _run_phase(job, setup, "env,toolkit,compile", job.runner, setup.inside_spec, network=False)
+        return _flags_result(job.cell, job.out, setup.record_base, job.started, job.log)
+    _run_phase(job, setup, "env,toolkit,compile,label,repair,verify", job.runner, setup.inside_spec, network=False)
+    wheel, record = _built_record(job, setup)
+    record_path = job.out / "build.json"
+    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if job.publish:
+        from farm.wheelhouse import publish as publish_wheels
+
+        publish_wheels([wheel], job.house, record=record)
+        job.log(f"{job.cell.id}: published {wheel.name} into {job.house}")
+    return BuildResult(job.cell.id, "built", wheel, record, record_path)
+
+
+def _set_up(job: BuildJob) -> _Setup:
+    """Fresh out and work folders, the runner's mounts and the two step specs."""
+    from farm.build.ccache import group_dir
+
+    for folder in (job.out, job.work):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    log_path = out / "build.log"
-
+    runner, cell = job.runner, job.cell
     toolkit_source = os.environ.get("FARM_TOOLKIT_SOURCE")
     if toolkit_source is None:
         # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
         # installed toolkit on the line when there is one.
         toolkit_source = "pypi" if runner.kind == "container" else "auto"
-    mounts = runner.standard_mounts(work=work, out=out)
+    mounts = runner.standard_mounts(work=job.work, out=job.out)
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
-    recipe_jobs, nvcc_threads = recipe.parallelism(plan.defaults)
-    jobs = max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, SPEC 8.4)
-    cache_dir_host = group_dir(cell.cuda, cell.torch, cell.links_torch)
-    cache_dir_host.mkdir(parents=True, exist_ok=True)
-    if compiler_cache and runner.kind == "host":
+    recipe_jobs, nvcc_threads = job.recipe.parallelism(job.plan.defaults)
+    jobs = job.max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, SPEC 8.4)
+    group_dir(cell.cuda, cell.torch, cell.links_torch).mkdir(parents=True, exist_ok=True)
+    if job.compiler_cache and runner.kind == "host":
         from farm.build.ccache import ensure_ccache
 
-        ensure_ccache(log=lambda m: _append(log_path, f"[host] {m}"))   # the image brings its own
-    record_base = {"cell": cell.id, "build_key": key, "arch_list": cell.arch.arch_list.torch(),
+        ensure_ccache(log=lambda m: _append(job.log_path, f"[host] {m}"))   # the image brings its own
+    record_base = {"cell": cell.id, "build_key": job.key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
-                   "runner": runner.kind, "image": target["id"], "farm_version": __version__, "tier": tier}
-    if farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
-        record_base["build_requires_farm"] = [w.record() for w in farm_wheels]
-    staged = work / "farm-wheels"
+                   "runner": runner.kind, "image": job.target.id, "farm_version": __version__, "tier": job.tier}
+    if job.farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
+        record_base["build_requires_farm"] = [w.record() for w in job.farm_wheels]
 
-    def spec_for(where_runner, paths_fn) -> Path:
-        spec = {
-            "cell": {"id": cell.id, "recipe_name": cell.recipe_name, "cuda": cell.cuda, "torch": cell.torch,
-                     "torch_pin": cell.torch_pin, "python": cell.python, "platform": cell.platform,
-                     "links_torch": cell.links_torch, "wheel_abi": cell.wheel_abi,
-                     "arch_list": cell.arch.arch_list.torch(), "provenance": cell.arch.provenance,
-                     "local_label": cell.local_label},
-            "recipe": {**_recipe_spec(recipe), "requires_dist": requires, "max_jobs": jobs,
-                       "nvcc_threads": nvcc_threads},
-            "paths": {"out": paths_fn(out), "work": paths_fn(work)},
-            "python": python, "target": target, "toolkit_source": toolkit_source, "plat": plat,
-            "build_number": build_number, "record": record_base,
-            "farm_wheels": [{"recipe": w.recipe, "file": paths_fn(staged / w.entry.file), "sha256": w.sha256}
-                            for w in farm_wheels],
-            "flags": {"stop_after_s": 60.0 * flags_minutes} if tier == "flags" else None,
-            "compiler_cache_env": cache_env(enabled=compiler_cache, ccache_dir=paths_fn(cache_dir_host),
-                                            basedir=paths_fn(work), stats_log=paths_fn(out / "ccache-stats.log")),
-        }
-        path = out / f"spec-{where_runner}.json"
-        write_atomic(path, json.dumps(spec, indent=2, sort_keys=True))
-        return path
+    def spec_for(where_runner: str, seen) -> Path:
+        spec = _step_spec(job, seen, python=python, toolkit_source=toolkit_source, jobs=jobs,
+                          nvcc_threads=nvcc_threads, record_base=record_base)
+        return spec.write(job.out / f"spec-{where_runner}.json")
 
+    host_spec = spec_for("host", Path)
+    step_spec = host_spec if runner.kind == "host" else \
+        spec_for(runner.kind, lambda p: Path(runner.inside(p, mounts)))
+    timeout = recipe_timeout(job.recipe)
+    if job.tier == "flags" and timeout is not None:   # the stop is the compile's own; the step ends after it
+        timeout = max(timeout, 60.0 * job.flags_minutes + 600)
+    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, timeout, record_base,
+                  jobs, recipe_jobs)
+
+
+def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, toolkit_source: str, jobs: int,
+               nvcc_threads: int, record_base: dict) -> StepSpec:
+    """The spec with every path of the out and work folders (and the caches) as `seen` maps it."""
+    from farm.build.ccache import cache_env, group_dir
     from farm.build.verify.expectation import resolve_requires_dist
-    from farm.runners.host import HostRunner
 
-    requires = resolve_requires_dist(recipe, cell, plan.recipes)
-    requires = None if requires is None else list(requires)
-    host_spec = spec_for("host", str)
-    step_spec = host_spec if runner.kind == "host" else spec_for(runner.kind, lambda p: runner.inside(p, mounts))
-    inside_spec = runner.inside(step_spec, mounts)
+    cell, recipe = job.cell, job.recipe
+    return StepSpec(
+        schema=SCHEMA, cell=cell,
+        recipe=recipe_part(recipe, requires_dist=resolve_requires_dist(recipe, cell, job.plan.recipes),
+                           max_jobs=jobs, nvcc_threads=nvcc_threads),
+        source=source_part(recipe), verify=recipe.verify,
+        paths=StepPaths(out=seen(job.out), work=seen(job.work)),
+        python=python, target=job.target, toolkit_source=toolkit_source, plat=job.plat,
+        build_number=job.build_number, record=record_base,
+        farm_wheels=tuple(FarmWheel(w.recipe, seen(job.staged / w.entry.file), w.sha256) for w in job.farm_wheels),
+        flags_stop_after_s=60.0 * job.flags_minutes if job.tier == "flags" else None,
+        compiler_cache_env=cache_env(enabled=job.compiler_cache,
+                                     ccache_dir=str(seen(group_dir(cell.cuda, cell.torch, cell.links_torch))),
+                                     basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))))
 
-    step_timeout = recipe_timeout(recipe)
-    if tier == "flags" and step_timeout is not None:   # the stop is the compile's own; the step ends after it
-        step_timeout = max(step_timeout, 60.0 * flags_minutes + 600)
 
-    def phase(which: str, on_runner, spec: str, network: bool) -> None:
-        code, _ = on_runner.run_step([which, "--spec", spec], env={}, mounts=mounts, network=network,
-                                     log_path=log_path, timeout=step_timeout)
-        if code != 0:
-            kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
-            raise kind(f"{cell.id}: {_failure_line(log_path, code)} (log: {log_path})")
+def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, network: bool) -> None:
+    code, _ = runner.run_step([which, "--spec", spec], env={}, mounts=setup.mounts, network=network,
+                              log_path=job.log_path, timeout=setup.timeout)
+    if code != 0:
+        kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
+        raise kind(f"{job.cell.id}: {_failure_line(job.log_path, code)} (log: {job.log_path})")
 
-    phase("source", HostRunner(arch=images.host_arch()), str(host_spec), True)
-    _download_inputs(cell, recipe, target, toolkit_source, log_path)
-    _stage_farm_wheels(cell, farm_wheels, house, staged, log_path)
-    if recipe.pre_build:
-        phase("env,toolkit,prebuild", runner, inside_spec, True)
-    if tier == "flags":
-        phase("env,toolkit,compile", runner, inside_spec, False)
-        return _flags_result(cell, out, record_base, started, log)
-    phase("env,toolkit,compile,label,repair,verify", runner, inside_spec, False)
 
-    state = json.loads((out / "steps.json").read_text())
-    wheel = Path(out / "wheel" / Path(state["verify"]["wheel"]).name)
+def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
+    """The verified wheel and the build record, from what the steps wrote to steps.json."""
+    from farm.build.ccache import decision, group_name
+
+    cell, runner = job.cell, job.runner
+    state = json.loads((job.out / "steps.json").read_text())
+    wheel = Path(job.out / "wheel" / Path(state["verify"]["wheel"]).name)
     record = {
-        **record_base, "wheel": wheel.name, "build_number": build_number,
+        **setup.record_base, "wheel": wheel.name, "build_number": job.build_number,
         "torch_measured_arch_list": state["env"].get("torch_arch_list"),
         "toolkit": {k: state["toolkit"].get(k) for k in ("version", "source", "home", "arch")},
-        "image_tag": state["repair"].get("plat_tag"), "runner_info": described,
+        "image_tag": state["repair"].get("plat_tag"), "runner_info": job.described,
         "network": runner.network_isolation_when_off(), "steps": state.get("timings", {}),
         "source": state.get("source"), "grafted": state["repair"].get("grafted"),
-        "verify_warnings": state["verify"].get("warnings"), "log": str(log_path),
+        "verify_warnings": state["verify"].get("warnings"), "log": str(job.log_path),
         "dev_only": runner.network_isolation_when_off() == "open",
-        "seconds": round(time.time() - started, 1),
-        "max_jobs": jobs, "max_jobs_recipe": recipe_jobs, "max_jobs_clamp": max_jobs_reason if max_jobs else None,
-        "compiler_cache": {**decision(compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)),
+        "seconds": round(time.time() - job.started, 1),
+        "max_jobs": setup.jobs, "max_jobs_recipe": setup.recipe_jobs,
+        "max_jobs_clamp": job.max_jobs_reason if job.max_jobs else None,
+        "compiler_cache": {**decision(job.compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)),
                            **(state["compile"].get("compiler_cache") or {})},
         "peak_process_mb": state["compile"].get("peak_process_mb"),
     }
-    record_path = out / "build.json"
-    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    if publish:
-        from farm.wheelhouse import publish as publish_wheels
-
-        publish_wheels([wheel], house, record=record)
-        log(f"{cell.id}: published {wheel.name} into {house}")
-    return BuildResult(cell.id, "built", wheel, record, record_path)
+    return wheel, record
 
 
 def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> BuildResult:
@@ -398,7 +447,7 @@ def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> Bu
     return BuildResult(cell.id, "flags", None, record, record_path)
 
 
-def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, log_path: Path) -> None:
+def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, log_path: Path) -> None:
     """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform."""
     from farm.build.environments import EnvRequest, download_build_deps, download_environment
     from farm.build.provision import download_toolkit_wheels, installed_toolkit
@@ -406,13 +455,13 @@ def _download_inputs(cell, recipe: Recipe, target: dict, toolkit_source: str, lo
     def note(message: str) -> None:
         _append(log_path, f"[host] {message}")
 
-    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target["glibc"])
+    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target.glibc)
     download_environment(req, log=note)
     if recipe.build_deps:
         download_build_deps(req, recipe.build_deps, log=note)
     if toolkit_source in ("auto", "pypi") and \
-            installed_toolkit(cell.cuda, target["arch"], recipe.cuda_components, toolkit_source)[0] is None:
-        download_toolkit_wheels(cell.cuda, target["arch"], recipe.cuda_components, log=note)
+            installed_toolkit(cell.cuda, target.arch, recipe.cuda_components, toolkit_source)[0] is None:
+        download_toolkit_wheels(cell.cuda, target.arch, recipe.cuda_components, log=note)
 
 
 def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: Path) -> None:

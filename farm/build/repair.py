@@ -220,9 +220,9 @@ def repair_wheel(
     if wheel_abi == "pure" or wplat == "any":
         return RepairResult(wheel, False, reason="pure wheel: not repaired")
     if platform == "windows" or wplat.startswith("win"):
-        from farm.build.windows import repair_note
+        from farm.build.windows import WindowsPlatform
 
-        return RepairResult(wheel, False, reason=repair_note())
+        return WindowsPlatform().repair(wheel, out_dir)
     arch = _wheel_arch(wplat)
 
     if not _has_elf(wheel):

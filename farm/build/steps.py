@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from farm.arch.archlist import ArchList
+from farm.build.spec import SourcePart, StepSpec
 from farm.errors import FarmError
 
 PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify")
@@ -38,13 +38,16 @@ class StepFailed(FarmError):
 class Steps:
     """The state one invocation carries from step to step."""
 
-    def __init__(self, spec: dict, log, phases: list[str]):
+    def __init__(self, spec: StepSpec, log, phases: list[str]):
+        from farm.build.platform import for_cell
+
         self.spec = spec
-        self.cell = spec["cell"]
-        self.recipe = spec["recipe"]
-        self.out = Path(spec["paths"]["out"])
-        self.work = Path(spec["paths"]["work"])
-        self.arch_list = ArchList.parse(self.cell["arch_list"], "build spec", "cell.arch_list")
+        self.cell = spec.cell
+        self.recipe = spec.recipe
+        self.out = spec.paths.out
+        self.work = spec.paths.work
+        self.arch_list = spec.cell.arch.arch_list
+        self.platform = for_cell(spec.cell.platform)   # Linux, or Windows on a Windows host
         self.log = log
         self.state = _read_state(self.out)
         self.torch_env = None
@@ -56,14 +59,8 @@ class Steps:
     # ----- 1. source ------------------------------------------------------------
 
     def source(self) -> dict:
-        from farm.build.source.prepare import prepare_source
-
-        r = self.recipe
-        result = prepare_source(r["source"], self.work / "src", name=r["name"], platform=self.cell["platform"],
-                                cuda=self.cell["cuda"], submodules=r["submodules"],
-                                extra_sources=r["extra_sources"], patches=r["patches"],
-                                patches_dir=r["patches_dir"], base_dir=r["base_dir"], where=r["where"])
-        return result.record()
+        return fetch_source(self.spec.source, self.work / "src", name=self.recipe.name, where=self.recipe.where,
+                            platform=self.cell.platform, cuda=self.cell.cuda).record()
 
     # ----- 2. environment ----------------------------------------------------------
 
@@ -71,10 +68,10 @@ class Steps:
         from farm.build.environments import EnvRequest, base_environment, overlay_environment
 
         c = self.cell
-        req = EnvRequest(c["python"], c["torch_pin"], c["cuda"], c["platform"], self.spec["target"]["glibc"])
-        base = base_environment(req, self.spec["python"], target=self.spec["target"]["id"], log=self.log)
-        farm_wheels = [(Path(w["file"]), w["sha256"]) for w in self.spec.get("farm_wheels") or ()]
-        self.torch_env = overlay_environment(base, self.recipe["build_deps"], req=req, farm_wheels=farm_wheels,
+        req = EnvRequest(c.python, c.torch_pin, c.cuda, c.platform, self.spec.target.glibc)
+        base = base_environment(req, self.spec.python, target=self.spec.target.id, log=self.log)
+        farm_wheels = [(w.file, w.sha256) for w in self.spec.farm_wheels]
+        self.torch_env = overlay_environment(base, list(self.recipe.build_deps), req=req, farm_wheels=farm_wheels,
                                              log=self.log)
         return {"base": base.to_json(), "overlay": self.torch_env.to_json() if self.torch_env is not base else None,
                 "torch": base.torch_version, "torch_cuda": base.torch_cuda, "torch_arch_list": base.torch_arch_list}
@@ -84,16 +81,16 @@ class Steps:
     def toolkit_step(self) -> dict:
         from farm.build.provision import provision_toolkit
 
-        tk = provision_toolkit(self.cell["cuda"], self.spec["target"]["arch"], self.recipe["cuda_components"],
-                               source=self.spec["toolkit_source"], allow_download=False, log=self.log)
-        tk.require(self.arch_list, self.cell["id"])
+        tk = provision_toolkit(self.cell.cuda, self.spec.target.arch, list(self.recipe.cuda_components),
+                               source=self.spec.toolkit_source, allow_download=False, log=self.log)
+        tk.require(self.arch_list, self.cell.id)
         self.toolkit = tk
         return tk.to_json()
 
     # ----- pre_build (network) --------------------------------------------------------
 
     def prebuild(self) -> dict:
-        script = self.recipe.get("pre_build")
+        script = self.recipe.pre_build
         if not script:
             return {"ran": False}
         env_file = self.out / "prebuild.env"
@@ -109,18 +106,17 @@ class Steps:
 
     def _source_dir(self) -> Path:
         src = self.work / "src"
-        return src / self.recipe["subdir"] if self.recipe.get("subdir") else src
+        return src / self.recipe.subdir if self.recipe.subdir else src
 
     def _compile_env(self, exported: dict) -> dict:
-        from farm.build.compile import compile_environment
-
-        r = self.recipe
-        env = compile_environment(arch_list=self.arch_list, toolkit=self.toolkit, torch_env=self.torch_env,
-                                  cuda=self.cell["cuda"], max_jobs=r["max_jobs"], nvcc_threads=r["nvcc_threads"],
-                                  nvcc_flags=r["nvcc_flags"], recipe_env=r["env"], exported=exported)
-        env.update(self.spec.get("compiler_cache_env") or {})
         from farm.build.ccache import resolve_in_step
 
+        r = self.recipe
+        env = self.platform.compile_environment(
+            arch_list=self.arch_list, toolkit=self.toolkit, torch_env=self.torch_env, cuda=self.cell.cuda,
+            max_jobs=r.max_jobs, nvcc_threads=r.nvcc_threads, nvcc_flags=r.nvcc_flags, recipe_env=r.env,
+            exported=exported)
+        env.update(self.spec.compiler_cache_env)
         self.compiler_cache = resolve_in_step(env, self.toolkit.nvcc if self.toolkit else "nvcc")
         return env
 
@@ -132,10 +128,11 @@ class Steps:
         env = self._compile_env(exported)
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
-        flags = self.spec.get("flags")   # the flags tier: record nvcc's calls, stop after a bounded time
+        stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
+        flags = stop_after is not None
         calls = record_nvcc_calls(env, self.out / "nvcc-calls", self.toolkit.nvcc) if flags else None
         wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log",
-                              stop_after=flags["stop_after_s"] if flags else None)
+                              stop_after=stop_after)
         found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
             if flags else {}
         cache = dict(self.compiler_cache)
@@ -156,11 +153,10 @@ class Steps:
         compile instead of after the repair (about 2.5 s of every cell). Costs one idle interpreter
         holding torch (~0.6 GB) while the compile runs. Not when verify would not use it."""
         from farm.build.verify.importcheck import ImportChild
-        from farm.recipes.reader import verify_from_mapping
 
-        knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
+        knobs = self.spec.verify
         if "verify" in self.phases and not knobs.skip_import and not knobs.needs_driver and self.torch_env:
-            self.import_child = ImportChild.for_environment(self.torch_env.path, self.cell["links_torch"])
+            self.import_child = ImportChild.for_environment(self.torch_env.path, self.cell.links_torch)
 
     # ----- 5. label --------------------------------------------------------------
 
@@ -168,27 +164,22 @@ class Steps:
         from farm.build.label import label_wheel
 
         raw = Path(self.state["compile"]["wheel"])
-        info = {**self.spec["record"], "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
+        info = {**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
                 "toolkit": (self.state.get("toolkit") or {}).get("version"),
                 "source": self.state.get("source")}
-        labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell["local_label"],
-                               build_number=self.spec.get("build_number"),
-                               requires_dist=self.recipe["requires_dist"], build_info=info,
-                               where=self.recipe["where"])
+        requires = None if self.recipe.requires_dist is None else list(self.recipe.requires_dist)
+        labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell.local_label,
+                               build_number=self.spec.build_number, requires_dist=requires, build_info=info,
+                               where=self.recipe.where)
         return {"wheel": str(labelled)}
 
     # ----- 6. repair -------------------------------------------------------------
 
     def repair(self) -> dict:
-        from farm.build.repair import repair_wheel
-
         labelled = Path(self.state["label"]["wheel"])
-        sites = [self.torch_env.site_packages] + ([Path(self.torch_env.base) / _site_rel(self.torch_env)]
-                                                 if self.torch_env.base else [])
-        result = repair_wheel(labelled, self.out / "repaired", torch_site_packages=sites,
-                              plat=self.spec.get("plat"), floor_plat=self.spec["target"].get("plat_floor"),
-                              allow_graft=self.recipe.get("allow_graft") or (),
-                              wheel_abi=self.cell["wheel_abi"], platform=self.cell["platform"])
+        result = self.platform.repair(labelled, self.out / "repaired", torch_env=self.torch_env,
+                                      plat=self.spec.plat, floor_plat=self.spec.target.plat_floor,
+                                      allow_graft=self.recipe.allow_graft, wheel_abi=self.cell.wheel_abi)
         platform_tag = Path(result.wheel).name[:-len(".whl")].split("-")[-1]
         return {**result.record(), "wheel": str(result.wheel), "plat_tag": platform_tag}
 
@@ -197,14 +188,10 @@ class Steps:
     def verify(self) -> dict:
         from farm.build.verify.expectation import Expectation
         from farm.build.verify.gate import verify_wheel
-        from farm.recipes.reader import verify_from_mapping
 
         repaired = Path(self.state["repair"]["wheel"])
-        knobs = verify_from_mapping(self.recipe["verify"], self.recipe["where"])
-        cell = _CellView(self.cell, self.arch_list)
-        exp = Expectation.for_cell(cell, knobs=knobs, requires_dist=self.recipe["requires_dist"],
-                                   version=self.recipe.get("version"),
-                                   platform_tag=self.state["repair"].get("plat_tag"))
+        exp = Expectation.for_cell(self.cell, knobs=self.spec.verify, requires_dist=self.recipe.requires_dist,
+                                   version=self.recipe.version, platform_tag=self.state["repair"].get("plat_tag"))
         child, self.import_child = self.import_child, None
         report = verify_wheel(repaired, exp, torch_env=self.torch_env.path, import_child=child)
         report.write(self.out / "verify.json")
@@ -220,19 +207,14 @@ class Steps:
                 "warnings": [f"{c.name}: {c.message}" for c in report.checks if c.status == "warn"]}
 
 
-class _CellView:
-    """The attributes of farm.recipes.cells.Cell that the gate's Expectation reads, from a spec."""
+def fetch_source(part: SourcePart, dest: Path, *, name: str, where: str, platform: str, cuda: str):
+    """The source step: the recipe's source, extra sources and the patches for (platform, cuda) into `dest`."""
+    from farm.build.source.prepare import prepare_source
 
-    def __init__(self, cell: dict, arch_list: ArchList):
-        from farm.arch.resolve import Resolution
-
-        self.recipe_name, self.python, self.platform = cell["recipe_name"], cell["python"], cell["platform"]
-        self.links_torch, self.wheel_abi, self.local_label = cell["links_torch"], cell["wheel_abi"], cell["local_label"]
-        self.arch = Resolution(arch_list, cell["provenance"], "", cell["cuda"], cell["torch"])
-
-
-def _site_rel(env) -> Path:
-    return Path(env.site_packages).relative_to(env.path)
+    return prepare_source(part.source.plain(), dest, name=name, platform=platform, cuda=cuda,
+                          submodules=part.submodules, extra_sources=[e.plain() for e in part.extra_sources],
+                          patches=[{"file": p.file, "when": dict(p.when)} for p in part.patches],
+                          patches_dir=part.patches_dir, base_dir=part.base_dir, where=where)
 
 
 def _read_state(out: Path) -> dict:
@@ -257,8 +239,12 @@ def _read_exports(env_file: Path) -> dict:
 
 
 def run(phases: list[str], spec_path: Path) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(spec["paths"]["out"])
+    try:
+        spec = StepSpec.read(spec_path)
+    except FarmError as exc:   # BadSpec: another farm version wrote it
+        print(f"farm.build.steps: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code or 2
+    out = spec.paths.out
     out.mkdir(parents=True, exist_ok=True)
 
     def log(message: str) -> None:

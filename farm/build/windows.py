@@ -5,8 +5,8 @@ refusal (a `-win` cell on any other host: one line, exit 2) and the pure parts
 below, tested against recorded `vswhere`/`set` output. The generated GitHub
 Actions workflow gives Windows cells a `windows-*` runner, where this path runs.
 
-On a Windows host a cell is built by the same steps (SPEC 8.1) with three
-differences, all here:
+On a Windows host a cell is built by the same steps (SPEC 8.1); farm.build.steps
+calls `WindowsPlatform` (farm.build.platform's seam) where Linux and Windows differ:
 - toolkit: an installed CUDA toolkit (the NVIDIA installer sets `CUDA_PATH` and
   `CUDA_PATH_V<major>_<minor>`), never assembled from PyPI wheels;
 - compiler: MSVC, found with `vswhere` and activated by capturing what
@@ -279,10 +279,26 @@ def repair_note() -> str:
 
 def host_compile_environment(linux_env: Mapping[str, str], cuda: str, torch_scripts: str | None = None
                              ) -> dict[str, str]:
-    """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment.
-
-    Meant for farm.build.steps' compile environment on a `windows` cell. Not called yet: farm.build.steps has no
-    Windows branch, because nothing here can run on Windows to test one (`-win` cells are refused).
-    """
+    """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment."""
     return adapt_compile_environment(linux_env, msvc=find_msvc(), toolkit=find_cuda_toolkit(cuda),
                                      torch_scripts=torch_scripts)
+
+
+class WindowsPlatform:
+    """farm.build.platform's implementation for a `windows` cell: the steps call it on a Windows host.
+
+    Untested on one (see the module's docstring): the tests drive its parts with fakes."""
+
+    name = PLATFORM
+
+    def compile_environment(self, **kw) -> dict[str, str]:
+        from farm.build.compile import compile_environment
+
+        torch_env = kw.get("torch_env")
+        scripts = str(PureWindowsPath(torch_env.path) / "Scripts") if torch_env is not None else None
+        return host_compile_environment(compile_environment(**kw), kw["cuda"], torch_scripts=scripts)
+
+    def repair(self, wheel, out_dir, **_ignored):
+        from farm.build.repair import RepairResult
+
+        return RepairResult(wheel, False, reason=repair_note())

@@ -26,7 +26,7 @@ from farm.errors import BadInput, shorten
 from farm.platforms import ARM_LANE, X86_LANE
 from farm.policy import PEAK_GB_PROBLEM, Defaults, frozen, load_defaults, positive_gb
 from farm.recipes.lines import built_lines, current_grid, current_pcwm, generated_files
-from farm.recipes.model import Recipe, Verify, placeholders_in
+from farm.recipes.model import Recipe, placeholders_in
 from farm.recipes.values import (
     RECIPE_NAME,
     Reader,
@@ -409,8 +409,3 @@ def check_build_order(recipes: Mapping[str, Recipe]) -> None:
 
     for name in sorted(recipes):
         visit(name, [])
-
-
-def verify_from_mapping(data, where: str) -> Verify:
-    """The gate's knobs from a plain mapping (what a build spec carries into a container)."""
-    return read_verify(Reader(Path(where)), data or {})

@@ -1,0 +1,64 @@
+"""The build platform seam: what differs between a Linux and a Windows cell inside the steps.
+
+farm.build.steps picks one implementation by the cell's platform (`for_cell`) and calls it for
+the compile environment and the repair; everything else (source, environment, label, verify)
+is the same code for both. Linux (x86_64 and aarch64) is `LinuxPlatform`, below; Windows is
+farm.build.windows.WindowsPlatform, which runs only on a Windows host (a `-win` cell is refused
+elsewhere before any step starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from farm.arch.archlist import ArchList
+from farm.build.repair import RepairResult
+
+
+class BuildPlatform(Protocol):
+    name: str
+
+    def compile_environment(self, *, arch_list: ArchList, toolkit, torch_env, cuda: str, max_jobs: int,
+                            nvcc_threads: int, nvcc_flags: str, recipe_env: Mapping[str, str],
+                            exported: Mapping[str, str]) -> dict[str, str]:
+        """Every variable the compile step sets (SPEC 8.1 step 4)."""
+        ...
+
+    def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat: str | None, floor_plat: str | None,
+               allow_graft: Sequence[str], wheel_abi: str) -> RepairResult:
+        """The wheel made installable on its platform (SPEC 8.1 step 6)."""
+        ...
+
+
+class LinuxPlatform:
+    """gcc + nvcc from the cell's toolkit; auditwheel repair against the image's manylinux floor."""
+
+    def __init__(self, name: str = "linux"):
+        self.name = name   # linux | linux_aarch64
+
+    def compile_environment(self, **kw) -> dict[str, str]:
+        from farm.build.compile import compile_environment
+
+        return compile_environment(**kw)
+
+    def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat, floor_plat, allow_graft, wheel_abi
+               ) -> RepairResult:
+        from farm.build.repair import repair_wheel
+
+        # torch's own libraries are never grafted: the overlay's site-packages and its base's.
+        sites = [torch_env.site_packages]
+        if torch_env.base:
+            sites.append(Path(torch_env.base) / Path(torch_env.site_packages).relative_to(torch_env.path))
+        return repair_wheel(wheel, out_dir, torch_site_packages=sites, plat=plat, floor_plat=floor_plat,
+                            allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name)
+
+
+def for_cell(platform: str) -> BuildPlatform:
+    """The implementation for a cell's platform (farm.platforms: linux, linux_aarch64, windows)."""
+    from farm.build import windows
+
+    if platform == windows.PLATFORM:
+        return windows.WindowsPlatform()
+    return LinuxPlatform(platform)
