@@ -199,6 +199,18 @@ def test_malformed_recipe_is_one_line_naming_file_key_and_value(tmp_path, defaul
         assert message == f"{path}: {expected.replace('{folder}', str(path.parent))}"
 
 
+def test_a_patch_when_cuda_is_a_line_or_a_bound_and_the_loader_refuses_anything_else(tmp_path, defaults):
+    """One reading of `when` for the loader's Patch.applies and the source step (model.when_matches)."""
+    folder = tmp_path / "recipes"
+    (folder / "patches" / "pkg").mkdir(parents=True)
+    (folder / "patches" / "pkg" / "fix.patch").write_text("")
+    path = write(folder, HEADER + "patches: [{file: fix.patch, when: {cuda: ['12', '>=13.0']}}]\n")
+    patch = load_recipe(path, defaults).patches[0]
+    assert patch.applies("linux", "12.8") and patch.applies("windows", "13.2") and not patch.applies("linux", "11.8")
+    path = write(folder, HEADER + "patches: [{file: fix.patch, when: {cuda: '=>12.8'}}]\n")
+    assert error_of(path, defaults) == f"{path}: patches[0].when.cuda: '=>12.8': expected a CUDA line like 12.8 or >=12.8"
+
+
 def test_unknown_key_far_from_every_key_lists_the_known_keys(tmp_path, defaults):
     path = write(tmp_path / "recipes", HEADER + "colour: red\n")
     assert error_of(path, defaults).startswith(f"{path}: colour: unknown key; known keys: name, source, version,")

@@ -13,6 +13,7 @@ from farm.arch.resolve import ArchOverrides
 from farm.build import gitsparse
 from farm.platforms import PLATFORMS
 from farm.policy import Defaults, frozen
+from farm.versions import vtuple
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")   # {LOCAL}, {LOCAL:x}, {VER:x}, {CUDA_HOME} ...
@@ -101,7 +102,41 @@ class Patch:
         return self.file.endswith(".py")
 
     def applies(self, platform: str, cuda: str) -> bool:
-        return all(value in self.when.get(key, (value,)) for key, value in (("platform", platform), ("cuda", cuda)))
+        return when_matches(self.when, platform, cuda)
+
+
+def when_matches(when: Mapping | None, platform: str, cuda: str) -> bool:
+    """A patch's `when: {platform, cuda}`: each a value or a list; a cuda entry is a line ('12.8', or '12'
+    for every 12.x) or a bound ('>=12.8', '<13'). The recipe loader has checked each entry."""
+    if not when:
+        return True
+    plats = when.get("platform")
+    if plats is not None:
+        plats = [plats] if isinstance(plats, str) else list(plats)
+        if platform not in plats:
+            return False
+    cudas = when.get("cuda")
+    if cudas is not None:
+        cudas = [str(cudas)] if isinstance(cudas, (str, int, float)) else [str(c) for c in cudas]
+        if not any(cuda_matches(c, cuda) for c in cudas):
+            return False
+    return True
+
+
+CUDA_CONDITION = re.compile(r"\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*")
+
+
+def cuda_matches(cond: str, cuda: str) -> bool:
+    """One `when.cuda` entry against the cell's CUDA line; ValueError when it is neither a line nor a bound."""
+    m = CUDA_CONDITION.fullmatch(cond)
+    if not m:
+        raise ValueError(cond)
+    op, ver = m.group(1) or "==", vtuple(m.group(2))
+    have = vtuple(cuda)[: len(ver)] if op == "==" else vtuple(cuda)
+    return {
+        "==": have == ver, "!=": have != ver, ">=": have >= ver,
+        "<=": have <= ver, ">": have > ver, "<": have < ver,
+    }[op]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from farm.errors import BadInput, shorten
 from farm.platforms import ARM_LANE, PLATFORMS, X86_LANE
 from farm.policy import Defaults, clamp, frozen, out_of_bounds
 from farm.recipes.model import (
+    CUDA_CONDITION,
     FULL_SHA,
     PLACEHOLDER,
     AllowedMissing,
@@ -433,6 +434,9 @@ def read_patches(r: Reader, value, name: str, recipes_folder: Path) -> tuple[Pat
                         r.fail(f"{key}.when.platform", p, f"unknown platform (expected {', '.join(PLATFORMS)})")
             if "cuda" in cond:
                 when["cuda"] = r.string_or_list(cond["cuda"], f"{key}.when.cuda")
+                for line in when["cuda"]:
+                    if not CUDA_CONDITION.fullmatch(line):
+                        r.fail(f"{key}.when.cuda", line, "expected a CUDA line like 12.8 or >=12.8")
         out.append(Patch(file, target, frozen(when)))
     return tuple(out)
 

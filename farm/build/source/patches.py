@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,36 +19,7 @@ from farm.build.source.base import (
 )
 from farm.errors import BadInput
 from farm.paths import display
-from farm.versions import vtuple
-
-
-def when_matches(when: Mapping | None, platform: str, cuda: str) -> bool:
-    """`when: {platform, cuda}`: each a value or a list; cuda also accepts '>=12.8'-style bounds."""
-    if not when:
-        return True
-    plats = when.get("platform")
-    if plats is not None:
-        plats = [plats] if isinstance(plats, str) else list(plats)
-        if platform not in plats:
-            return False
-    cudas = when.get("cuda")
-    if cudas is not None:
-        cudas = [str(cudas)] if isinstance(cudas, (str, int, float)) else [str(c) for c in cudas]
-        if not any(_cuda_matches(c, cuda) for c in cudas):
-            return False
-    return True
-
-
-def _cuda_matches(cond: str, cuda: str) -> bool:
-    m = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*", cond)
-    if not m:
-        raise ValueError(cond)
-    op, ver = m.group(1) or "==", vtuple(m.group(2))
-    have = vtuple(cuda)[: len(ver)] if op == "==" else vtuple(cuda)
-    return {
-        "==": have == ver, "!=": have != ver, ">=": have >= ver,
-        "<=": have <= ver, ">": have > ver, "<": have < ver,
-    }[op]
+from farm.recipes.model import when_matches
 
 
 def apply_patches(
