@@ -98,8 +98,6 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     published; `flags` records nvcc's targets for `flags_minutes` and builds no wheel. record: write
     the recipe's build record (recipes/records/<name>.json) at the end, failed or not; None: when
     FARM_RECORD=1."""
-    from farm.runners.base import get_runner
-
     if tier not in TIERS:
         raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
     if record is None:
@@ -125,20 +123,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         publish = False
     if tier == "flags":
         compiler_cache = False   # a cache hit would skip the very nvcc call the flags tier records
-    lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
-    runner = get_runner(runner_kind, arch=lane)
-    described = runner.describe()
-    image = getattr(runner, "image", None)
-    target = Target(id=image.id if image else "host", arch=lane,
-                    glibc=image.glibc if image else described["glibc"], plat_floor=image.plat if image else None)
-    if plat and image is not None:
-        from farm.runners.images import check_plat
-
-        plat = check_plat(image, plat)   # refused before any work when the image cannot honestly give it
-    context = context_for(cell.platform, runner.kind, plat)
-    if image is not None and image.key != context.image:
-        raise FarmError(f"{cell.id}: the runner's image {image.ref} has key {image.key}, the build key expects "
-                        f"{context.image}; rebuild the image (farm images build)")
+    runner, described, target, plat, context = _runner_for(cell, runner_kind, plat)
     key = keys.key(cell, context)
 
     def up_to_date(why: str) -> BuildResult | None:
@@ -181,6 +166,28 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
                                       runner=runner.kind, started=started, build=result.record)
             log(f"{cell.id}: {tier} build recorded in {paths.display(path)}")
         return result
+
+
+def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
+    """(runner, its description, the target, --plat as the image can give it, the build key's context)
+    for the cell's lane; refused before any work when the image cannot give `plat` or is stale."""
+    from farm.runners.base import get_runner
+
+    lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+    runner = get_runner(runner_kind, arch=lane)
+    described = runner.describe()
+    image = getattr(runner, "image", None)   # the container runner's builder image
+    target = Target(id=image.id if image else "host", arch=lane,
+                    glibc=image.glibc if image else described["glibc"], plat_floor=image.plat if image else None)
+    if plat and image is not None:
+        from farm.runners.images import check_plat
+
+        plat = check_plat(image, plat)
+    context = context_for(cell.platform, runner.kind, plat)
+    if image is not None and image.key != context.image:
+        raise FarmError(f"{cell.id}: the runner's image {image.ref} has key {image.key}, the build key expects "
+                        f"{context.image}; rebuild the image (farm images build)")
+    return runner, described, target, plat, context
 
 
 TIERS = ("full", "smoke", "flags")
