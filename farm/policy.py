@@ -219,6 +219,19 @@ class GridPolicy:
     defaults: Mapping[str, object]            # package build defaults (max_jobs, nvcc_threads, ...)
     where: str
 
+    def whole_default(self, key: str, fallback: int) -> int:
+        """max_jobs, nvcc_threads or build_epoch of `defaults`: load_grid_policy refused any but whole numbers."""
+        value = self.defaults.get(key, fallback)
+        assert isinstance(value, int), key
+        return value
+
+    @property
+    def peak_gb_per_job(self) -> float:
+        """Always there: load_grid_policy checked it, or put in DEFAULT_PEAK_GB_PER_JOB, as a float."""
+        value = self.defaults["peak_gb_per_job"]
+        assert isinstance(value, float)
+        return value
+
 
 def load_grid_policy(path: Path) -> GridPolicy:
     r = _Reader(path)

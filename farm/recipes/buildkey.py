@@ -19,6 +19,7 @@ from pathlib import Path
 
 from farm.policy import Defaults
 from farm.recipes.cells import Cell
+from farm.recipes.model import Recipe
 
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
 
@@ -70,11 +71,11 @@ def tree_digest(folder: Path) -> str:
 class KeyMaker:
     """Computes build keys for many cells, hashing each recipe's inputs once."""
 
-    def __init__(self, defaults: Defaults, recipes: dict, wheelhouse: Path | None = None):
+    def __init__(self, defaults: Defaults, recipes: dict[str, Recipe], wheelhouse: Path | None = None):
         self.defaults = defaults
         self.recipes = recipes
         self._recipe_digest: dict[str, str] = {}
-        self.epoch = int(defaults.grid_policy.defaults.get("build_epoch", 1))
+        self.epoch = defaults.grid_policy.whole_default("build_epoch", 1)
         self.wheelhouse = wheelhouse     # where build_requires_farm wheels are looked up (default: as built_keys)
         self._entries: dict | None = None     # the house's live entries per project, read once
 
@@ -99,7 +100,7 @@ class KeyMaker:
             relevant = recipe.build_relevant()
             patches = [self._patch_digest(recipe, p) for p in relevant.get("patches") or ()]
             source = relevant.get("source") or {}
-            tree = tree_digest(recipe.source_path) if getattr(recipe, "source_path", None) else None
+            tree = tree_digest(recipe.source_path) if recipe.source_path else None
             refs = sorted(set(recipe.references()) - {name})
             self._recipe_digest[name] = digest({
                 "recipe": relevant, "patches": patches, "source": source, "tree": tree,

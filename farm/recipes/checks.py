@@ -27,7 +27,7 @@ def recipe_hazards(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> 
 class CheckReport:
     folder: Path
     recipes: Mapping[str, Recipe]            # the valid ones
-    errors: tuple[BadInput, ...]             # every problem, one line each, in file order
+    errors: tuple[FarmError, ...]            # every problem, one line each, in file order
     invalid: tuple[str, ...]                 # the files (as shown) with at least one problem
     hazards: tuple[Hazard, ...]
     used_grid: bool
@@ -38,8 +38,9 @@ def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = 
     problem of each, and collect hazards. Unlike loading, a `path` source must exist here."""
     folder = Path(folder or paths.recipes_dir()).resolve()
     defaults = defaults or load_defaults()
-    errors: list[BadInput] = folder_problems(folder)
-    invalid = [e.where for e in errors]
+    stray = folder_problems(folder)
+    errors: list[FarmError] = list(stray)
+    invalid = [e.where for e in stray]
     files = recipe_files(folder)
     names = [f.stem for f in files]
     grid, pcwm = current_grid(defaults), current_pcwm(defaults)
@@ -54,11 +55,11 @@ def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = 
             errors.append(exc)
         except Exception as exc:   # noqa: BLE001 - a checker reports every file: a bug in one is one line too
             errors.append(BadInput(paths.display(f), None, None,
-                                   f"could not be checked ({type(exc).__name__}: {shorten(exc, 100)}): a farm bug"))
+                                   f"could not be checked ({type(exc).__name__}: {shorten(str(exc), 100)}): a farm bug"))
         invalid.append(paths.display(f))
     for problem in collisions(recipes):
         errors.append(problem)
-        invalid.append(paths.display(recipes.pop(problem.value).path))
+        invalid.append(paths.display(recipes.pop(str(problem.value)).path))   # the value: the second one's name
     try:
         check_build_order(recipes)
     except BadInput as exc:

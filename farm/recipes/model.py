@@ -234,13 +234,13 @@ class Recipe:
 
     def parallelism(self, defaults: Defaults) -> tuple[int, int]:
         """(max_jobs, nvcc_threads): the recipe's values, else the policy defaults, else 1."""
-        policy = defaults.grid_policy.defaults
-        return (self.max_jobs or int(policy.get("max_jobs", 1)),
-                self.nvcc_threads or int(policy.get("nvcc_threads", 1)))
+        policy = defaults.grid_policy
+        return (self.max_jobs or policy.whole_default("max_jobs", 1),
+                self.nvcc_threads or policy.whole_default("nvcc_threads", 1))
 
     def peak_gb(self, defaults: Defaults) -> float:
         """Peak GB of one compile job (memory admission, SPEC 8.4): the recipe's, else the policy's, else 8."""
-        return self.peak_gb_per_job or defaults.grid_policy.defaults["peak_gb_per_job"]
+        return self.peak_gb_per_job or defaults.grid_policy.peak_gb_per_job
 
     def build_relevant(self) -> dict:
         """The keys that feed the build key (SPEC 7.4): everything but `verify` (comments never get here).

@@ -16,8 +16,9 @@ from pathlib import Path
 from farm import paths
 from farm.arch.resolve import NO_OVERRIDES
 from farm.errors import BadInput
-from farm.policy import load_defaults
+from farm.policy import Defaults, load_defaults
 from farm.recipes.cells import Cell, recipe_cells
+from farm.recipes.model import Recipe
 from farm.yamlio import write_atomic
 
 
@@ -40,8 +41,8 @@ class Filters:
 @dataclass(frozen=True)
 class Plan:
     cells: tuple[Cell, ...]
-    recipes: dict
-    defaults: object
+    recipes: dict[str, Recipe]
+    defaults: Defaults
 
     def by_id(self) -> dict[str, Cell]:
         return {c.id: c for c in self.cells}

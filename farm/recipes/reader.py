@@ -314,7 +314,7 @@ _CACHE: dict[tuple, dict[str, Recipe]] = {}
 
 
 def _fingerprint(folder: Path, defaults: Defaults) -> tuple:
-    stamp = []
+    stamp: list[tuple[str, int, int] | tuple[str, None]] = []
     for f in [*sorted(folder.iterdir()), *sorted((folder / "patches").rglob("*"))]:
         try:
             st = f.stat()

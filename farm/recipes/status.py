@@ -13,6 +13,7 @@ import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from farm import __version__, paths
 from farm.errors import BadInput, shorten
@@ -58,7 +59,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -86,7 +87,7 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     source = state.get("source") or {}
     work_src = Path(source.get("work_dir") or paths.cache_dir() / "work" / cell.id / "src")
     report = _read_json(out / "verify.json")
-    arches = next((c for c in report.get("checks", []) if c.get("name") == "arches"), {})
+    arches: dict[str, Any] = next((c for c in report.get("checks", []) if c.get("name") == "arches"), {})
     union = (arches.get("details") or {}).get("union") or {}
     build = build or {}
     wheel = build.get("wheel")

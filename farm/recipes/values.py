@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -90,7 +91,7 @@ class Reader:
         self.problems: list[BadInput] = []
         self.check_paths = check_paths      # a `path` source must exist on this machine
 
-    def fail(self, key: str | None, value, problem: str):
+    def fail(self, key: str | None, value, problem: str) -> NoReturn:
         raise BadInput(self.where, key, value, problem)
 
     def part(self) -> Reader:
@@ -126,7 +127,7 @@ class Reader:
     def string(self, value, key: str, *, empty: bool = False) -> str:
         # YAML reads 0.6 as a number and 2024-05-01 as a date: the fix is quoting.
         if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
-            self.fail(key, value, f"write it as a quoted string, e.g. '{shorten(value, 40)}'")
+            self.fail(key, value, f"write it as a quoted string, e.g. '{shorten(str(value), 40)}'")
         if not isinstance(value, str):
             self.fail(key, value, f"expected a string, got {_kind(value)}")
         if not empty and not value.strip():
@@ -242,12 +243,13 @@ def read_source(r: Reader, value, key: str) -> Source:
     if "url" in body:
         return Source("sdist", url=_read_url(r, body["url"], f"{key}.sdist.url"), sha256=sha)
     pypi = r.string(body["pypi"], f"{key}.sdist.pypi")
+    pin: Requirement | None
     try:
-        req = Requirement(pypi)
+        pin = Requirement(pypi)
     except InvalidRequirement:
-        req = None
-    specs = list(req.specifier) if req else []
-    if not req or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+        pin = None
+    specs = list(pin.specifier) if pin else []
+    if not pin or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
         r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3'")
     return Source("sdist", pypi=pypi, sha256=sha)
 
@@ -286,7 +288,7 @@ def _read_url(r: Reader, value, key: str) -> str:
 
 def _read_ref(r: Reader, value, key: str) -> str:
     if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
-        r.fail(key, value, f"write the ref as a quoted string, e.g. '{shorten(value, 40)}' "
+        r.fail(key, value, f"write the ref as a quoted string, e.g. '{shorten(str(value), 40)}' "
                            f"(YAML reads it as {_kind(value)})")
     ref = r.string(value, key)
     if FULL_SHA.match(ref):
