@@ -541,6 +541,9 @@ HOSTILE_WHEELS = [
     ("duplicate-member", _duplicate, "duplicate zip members: probe/__init__.py"),
     ("missing-WHEEL", _drop(".dist-info/WHEEL"), "WHEEL is missing"),
     ("WHEEL-not-headers", _set_wheel_txt("this is not a header\n"), "is not a list of 'Key: value' lines"),
+    # A Content-Type header makes the parser read a MIME body: a list of parts, not text to strip.
+    ("WHEEL-multipart", _set_wheel_txt("Content-Type: multipart/mixed; boundary=b\n" + WHEEL_OK + "\n--b\n\nx\n--b--\n"),
+     "is not a list of 'Key: value' lines"),
     ("WHEEL-version-2", _set_wheel_txt(WHEEL_OK.replace("1.0", "2.0")), "Wheel-Version 2.0, expected one 1.x"),
     ("WHEEL-no-purelib", _set_wheel_txt("Wheel-Version: 1.0\nTag: {tag}\n"), "Root-Is-Purelib (none)"),
     ("WHEEL-purelib-maybe", _set_wheel_txt(WHEEL_OK.replace("false", "maybe")), "Root-Is-Purelib maybe"),

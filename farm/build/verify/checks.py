@@ -44,7 +44,7 @@ _TORCH_LIB = re.compile(r"^lib(?:torch[\w-]*|c10[\w-]*)\.so")
 
 
 def check_filename(w: Wheel, exp: Expectation) -> CheckResult:
-    if w.filename_error:
+    if w.filename_error or w.version is None:   # the version is None exactly when the name did not parse
         return CheckResult("filename", "fail", f"not a valid wheel file name: {w.filename_error}")
     problems: list[str] = []
     if exp.name and canonicalize_name(exp.name) != w.name:

@@ -267,7 +267,7 @@ def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     version = _python_version(python)
     if not _fits(w, version):
         raise GateCannotRun(f"{w.path.name} does not install on {python} (Python {version[0]}.{version[1]})")
-    if exp.links_torch and torch_env.torch_dir is None:
+    if exp.links_torch and torch_env is not None and torch_env.torch_dir is None:   # None: refused above
         raise GateCannotRun(f"{python}: no torch in this environment")
     return python
 

@@ -18,13 +18,16 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
-from elftools.elf.dynamic import DynamicSection
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
-from packaging.tags import parse_tag
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion
+from elftools.elf.sections import SymbolTableSection
+from packaging.tags import Tag, parse_tag
+from packaging.utils import BuildTag, InvalidWheelFilename, NormalizedName, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from farm.errors import shorten
 from farm.platforms import plat_glibc
@@ -36,12 +39,11 @@ _TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
 _DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")   # the driver API: cuInit, cuModuleLoadData, ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class Binary:
     member: str            # path inside the wheel
     path: Path             # extracted copy
     fmt: str               # ELF | PE
-    elf: ElfFacts | None = None
 
 
 @dataclass
@@ -55,10 +57,27 @@ class ElfFacts:
     driver_symbols: tuple[str, ...] = ()  # undefined cu* symbols (what a libcuda stub must define)
 
 
+@dataclass(frozen=True)
+class ElfBinary:
+    """An ELF file of the wheel and what `_elf_facts` read of it."""
+
+    member: str            # path inside the wheel
+    path: Path             # extracted copy
+    elf: ElfFacts
+
+
+def _tag_text(tag: DynamicTag) -> str:
+    """The string of a DT_NEEDED, DT_RPATH, DT_RUNPATH or DT_SONAME tag. pyelftools sets it as an
+    attribute named after the tag (`needed`, `rpath`, ...) that its class does not declare."""
+    return getattr(tag, tag.entry.d_tag[3:].lower())
+
+
 def _elf_facts(path: Path) -> ElfFacts:
     with open(path, "rb") as f:
         elf = ELFFile(f)
-        needed, rpaths, soname = [], [], None
+        needed: list[str] = []
+        rpaths: list[str] = []
+        soname: str | None = None
         glibc: tuple[int, int] | None = None
         torch_syms: list[str] = []
         driver_syms: list[str] = []
@@ -66,13 +85,11 @@ def _elf_facts(path: Path) -> ElfFacts:
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
                     if tag.entry.d_tag == "DT_NEEDED":
-                        needed.append(tag.needed)
-                    elif tag.entry.d_tag == "DT_RPATH":
-                        rpaths += [p for p in tag.rpath.split(":") if p]
-                    elif tag.entry.d_tag == "DT_RUNPATH":
-                        rpaths += [p for p in tag.runpath.split(":") if p]
+                        needed.append(_tag_text(tag))
+                    elif tag.entry.d_tag in ("DT_RPATH", "DT_RUNPATH"):
+                        rpaths += [p for p in _tag_text(tag).split(":") if p]
                     elif tag.entry.d_tag == "DT_SONAME":
-                        soname = tag.soname
+                        soname = _tag_text(tag)
             elif isinstance(sec, GNUVerNeedSection):
                 for _, auxes in sec.iter_versions():
                     for aux in auxes:
@@ -81,6 +98,8 @@ def _elf_facts(path: Path) -> ElfFacts:
                             v = (int(m.group(1)), int(m.group(2)))
                             glibc = v if glibc is None or v > glibc else glibc
         dynsym = elf.get_section_by_name(".dynsym")
+        if dynsym is not None and not isinstance(dynsym, SymbolTableSection):
+            raise ELFError(f".dynsym is a {dynsym['sh_type']} section, not a symbol table")
         if dynsym is not None:
             for sym in dynsym.iter_symbols():
                 if sym["st_shndx"] != "SHN_UNDEF":
@@ -107,9 +126,10 @@ class Wheel:
             self.members = [i.filename for i in self.zip.infolist() if not i.is_dir()]
         except (zipfile.BadZipFile, OSError) as exc:
             self.zip_error = str(exc)
-        self.name = self.version = None
-        self.build = None
-        self.tags = frozenset()
+        self.name: NormalizedName | None = None
+        self.version: Version | None = None
+        self.build: BuildTag | None = None
+        self.tags: frozenset[Tag] = frozenset()
         self.filename_error: str | None = None
         try:
             name, version, build, tags = parse_wheel_filename(path.name)
@@ -117,6 +137,7 @@ class Wheel:
         except (InvalidWheelFilename, InvalidVersion) as exc:
             self.filename_error = str(exc)
         self._binaries: list[Binary] | None = None
+        self._elf_binaries: list[ElfBinary] | None = None
 
     @property
     def pure(self) -> bool:
@@ -130,36 +151,40 @@ class Wheel:
         assert self.zip is not None
         return self.zip.read(member)
 
+    def open(self, member: str) -> IO[bytes]:
+        assert self.zip is not None
+        return self.zip.open(member)
+
     def binaries(self) -> list[Binary]:
         """Every ELF or PE file of the wheel, extracted (shared objects, extension modules)."""
-        if self._binaries is not None:
-            return self._binaries
+        if self._binaries is None:
+            self._binaries = self._extract_binaries(self.zip) if self.zip is not None else []
+        return self._binaries
+
+    def _extract_binaries(self, zf: zipfile.ZipFile) -> list[Binary]:
         out = []
-        for i, member in enumerate(self.members if self.zip else ()):
+        for i, member in enumerate(self.members):
             base = member.rsplit("/", 1)[-1]
             if not re.search(r"\.(so(\.\d+)*|pyd|dll)$", base):
                 continue
-            with self.zip.open(member) as src:
+            with zf.open(member) as src:
                 head = src.read(4)
             fmt = "ELF" if head == b"\x7fELF" else "PE" if head[:2] == b"MZ" else None
             if fmt is None:
                 continue
             dest = self.workdir / "bin" / str(i) / base
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with self.zip.open(member) as src, open(dest, "wb") as dst:
+            with zf.open(member) as src, open(dest, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             out.append(Binary(member, dest, fmt))
-        self._binaries = out
         return out
 
-    def elf_binaries(self) -> list[Binary]:
-        out = []
-        for b in self.binaries():
-            if b.fmt == "ELF":
-                if b.elf is None:
-                    b.elf = _elf_facts(b.path)
-                out.append(b)
-        return out
+    def elf_binaries(self) -> list[ElfBinary]:
+        """The ELF files of binaries(), each read once."""
+        if self._elf_binaries is None:
+            self._elf_binaries = [ElfBinary(b.member, b.path, _elf_facts(b.path))
+                                  for b in self.binaries() if b.fmt == "ELF"]
+        return self._elf_binaries
 
 
 def glibc_of_tag(platform_tag: str) -> tuple[int, int] | None:
@@ -192,7 +217,12 @@ def few(items: list[str], n: int = 5) -> str:
 def _member_problems(zf: zipfile.ZipFile) -> list[str]:
     """Member names and kinds an installer must not be handed: paths that leave the install
     folder, backslashes (a folder separator on Windows), links and other non-regular files, twins."""
-    absolute, parent, backslash, links, special, counts = [], [], [], [], [], {}
+    absolute: list[str] = []
+    parent: list[str] = []
+    backslash: list[str] = []
+    links: list[str] = []
+    special: list[str] = []
+    counts: dict[str, int] = {}
     for info in zf.infolist():
         name = info.filename
         counts[name] = counts.get(name, 0) + 1
@@ -232,7 +262,8 @@ def _wheel_txt_problems(w: Wheel, dist_info: str) -> list[str]:
     except UnicodeDecodeError:
         return [f"{name} is not UTF-8"]
     msg = email.parser.Parser().parsestr(text)
-    if msg.defects or msg.get_payload().strip():
+    body = msg.get_payload()   # a list only when a Content-Type header says multipart
+    if msg.defects or not isinstance(body, str) or body.strip():
         return [f"{name} is not a list of 'Key: value' lines"]
     problems = []
     versions = msg.get_all("Wheel-Version") or []
@@ -242,7 +273,7 @@ def _wheel_txt_problems(w: Wheel, dist_info: str) -> list[str]:
     if len(purelib) != 1 or purelib[0].strip().lower() not in ("true", "false"):
         problems.append(f"{name}: Root-Is-Purelib {few(purelib) or '(none)'}, expected true or false")
     lines = [t.strip() for t in msg.get_all("Tag") or []]
-    tags: set = set()
+    tags: set[Tag] = set()
     for line in lines:
         parts = line.split("-")
         if len(parts) != 3 or not all(parts):
@@ -292,7 +323,7 @@ def _record_problems(w: Wheel, dist_info: str) -> list[str]:
         h = hashlib.new(algo)
         size = 0
         try:
-            with w.zip.open(member) as f:
+            with w.open(member) as f:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
                     size += len(chunk)
