@@ -35,21 +35,21 @@ _CPYTHON = re.compile(r"cp(\d)(\d+)")
 class _Links(HTMLParser):
     """(href, text) of every <a> on a page; entities in the text are decoded."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.links: list[tuple[str, str]] = []
         self._href: str | None = None
         self._text: list[str] = []
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._href, self._text = dict(attrs).get("href") or "", []
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._href is not None:
             self._text.append(data)
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._href is not None:
             self.links.append((self._href, "".join(self._text).strip()))
             self._href = None

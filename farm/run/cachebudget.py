@@ -115,7 +115,8 @@ class Lease:
     """A shared lock on a complete entry, held until close() (or process exit)."""
 
     def __init__(self, entry: Path, fd: int, info: dict, built: bool):
-        self.entry, self._fd, self.info, self.built = entry, fd, info, built
+        self.entry, self.info, self.built = entry, info, built
+        self._fd: int | None = fd
 
     def close(self) -> None:
         if self._fd is not None:
@@ -266,7 +267,8 @@ def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) 
                 if fd is None:
                     continue          # in use
                 try:
-                    (u.path / MARKER).exists() and os.chmod(u.path, 0o755)
+                    if (u.path / MARKER).exists():
+                        os.chmod(u.path, 0o755)
                     (u.path / MARKER).unlink(missing_ok=True)   # no longer complete, then gone
                     remove_tree(u.path)
                 finally:

@@ -90,7 +90,8 @@ class Chunk:
 def ci_cells(plan, cells: list[Cell]) -> tuple[list[Cell], dict[str, list[str]]]:
     """The cells CI builds: all selected ones except recipes that need a patch nobody wrote (not buildable
     anywhere yet). Returns (cells, {recipe: ids left out})."""
-    keep, left = [], {}
+    keep: list[Cell] = []
+    left: dict[str, list[str]] = {}
     for cell in cells:
         if plan.recipes[cell.recipe_name].needs_patch:
             left.setdefault(cell.recipe_name, []).append(cell.id)

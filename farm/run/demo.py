@@ -39,6 +39,8 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     house = Path(wheelhouse or paths.wheelhouse_dir())
     build_dir = Path(build_dir or paths.PROJECT_ROOT / "build")
     result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log, out=build_dir / cell_id)
+    wheel = result.wheel
+    assert wheel is not None   # the full tier: only `flags` builds no wheel
     access_log = build_dir / "demo-access.log"
     access_log.parent.mkdir(parents=True, exist_ok=True)
     server = make_server(house, "127.0.0.1", 0, access_log=access_log)
@@ -48,7 +50,7 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     try:
         cell = find_cell(cell_id)
         channel = f"http://127.0.0.1:{port}/{channel_root(cell.cuda, cell.torch)}/"
-        version = parse_wheel_filename(result.wheel.name)[1]
+        version = parse_wheel_filename(wheel.name)[1]
         with tempfile.TemporaryDirectory(prefix="farm-demo-") as tmp:
             target = Path(tmp) / "site"
             cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
@@ -66,4 +68,4 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     log(f"installed {installed} from {channel} (server log: {access_log})")
     log(f"  SASS: {sass}")
     log(f"  PTX:  {ptx}")
-    return {"wheel": str(result.wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}
+    return {"wheel": str(wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}

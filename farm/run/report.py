@@ -20,8 +20,13 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.yamlio import write_atomic
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.progress import Progress, TaskID
 
 
 def iso_utc(ts: float) -> str:
@@ -54,9 +59,9 @@ class Display:
         self.skipped = 0
         self.counts: Counter = Counter()
         self.durations: list[float] = []
-        self._live = None
-        self._progress = None
-        self._task = None
+        self._live: Live | None = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_beat = time.monotonic()
         self._sched = None
         if self.rich:
@@ -150,7 +155,7 @@ class Display:
         elif kind == "interrupt":
             self.console.print("[yellow]interrupted: stopping the running cells (Ctrl-C again to kill at once)",
                                highlight=False)
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None and self._live is not None:   # started
             finished = sum(self.counts.values())
             self._progress.update(self._task, completed=finished, stats=self._stats(len(sched.running)),
                                   eta=self.eta(sched))
