@@ -16,10 +16,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.policy import Defaults
 from farm.recipes.cells import Cell
-from farm.recipes.model import Recipe
+
+if TYPE_CHECKING:
+    from farm.recipes.model import Recipe
 
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
 

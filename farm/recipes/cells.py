@@ -10,13 +10,19 @@ py3-none and pure recipes get one cell per (CUDA, torch, platform).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from farm.arch.archlist import ArchList
 from farm.arch.resolve import Resolution, resolve
 from farm.platforms import cell_suffix
 from farm.policy import Defaults
 from farm.versions import cuda_tag, minor_of, python_tag, vtuple
+
+if TYPE_CHECKING:   # for the annotations only: listing the plan's sessions stays as light as it was
+    from farm.matrix.grid import Grid, Pcwm
+    from farm.recipes.model import Recipe
 
 PYTHON_COLLAPSED = {"abi3": "abi3", "py3-none": "py3", "pure": "pure"}
 
@@ -54,29 +60,34 @@ def cell_id(name: str, cuda: str, torch: str | None, python: str, platform: str,
     return f"{name}-{cuda_tag(cuda)}{torch_part}-{py}{cell_suffix(platform)}"
 
 
+# (cuda, torch, platform, id of the row's own list) -> its resolution; full_plan shares one between recipes.
+Resolutions = dict[tuple[str, str, str, int], Resolution]
+
+
 @dataclass(frozen=True)
 class _Row:
     """One (CUDA, torch) row a recipe builds: its pins per platform and Pythons per platform."""
 
     cuda: str
     torch: str
-    pins: dict
-    pythons: dict          # platform -> tuple of Pythons with a wheel
-    arch_list: object = None
+    pins: Mapping[str, str]                     # platform -> exact torch
+    pythons: Mapping[str, tuple[str, ...]]      # platform -> Pythons with a wheel
+    arch_list: ArchList | None = None           # an own combination's list
 
 
-def _grid_rows(recipe, defaults: Defaults, grid) -> Iterable[_Row]:
+def _grid_rows(recipe: Recipe, defaults: Defaults, grid: Grid) -> Iterable[_Row]:
     for row in grid.rows:
         if recipe.min_torch and vtuple(row.torch) < vtuple(recipe.min_torch):
             continue
         if recipe.max_torch and vtuple(row.torch) > vtuple(recipe.max_torch):
             continue
+        pins = {p: pin for p in recipe.platforms if (pin := row.pin(p))}
         pythons = {p: tuple(py for py in row.pythons if not grid.is_phantom(row.cuda, row.torch, py, p))
-                   for p in recipe.platforms if row.pin(p)}
-        yield _Row(row.cuda, row.torch, {p: row.pin(p) for p in pythons}, pythons)
+                   for p in pins}
+        yield _Row(row.cuda, row.torch, pins, pythons)
 
 
-def _own_rows(recipe, pcwm) -> Iterable[_Row]:
+def _own_rows(recipe: Recipe, pcwm: Pcwm) -> Iterable[_Row]:
     """Own combinations name exact patches: a cell exists when the PCWM has that exact wheel (SPEC 3.4)."""
     for combo in recipe.combinations:
         pythons = {p: tuple(py for py in combo.pythons if pcwm.has(combo.cuda, combo.torch, py, p))
@@ -85,7 +96,8 @@ def _own_rows(recipe, pcwm) -> Iterable[_Row]:
         yield _Row(combo.cuda, minor_of(combo.torch), {p: combo.torch for p in pythons}, pythons, combo.arch_list)
 
 
-def recipe_cells(recipe, defaults: Defaults, grid, pcwm, resolutions: dict | None = None) -> list[Cell]:
+def recipe_cells(recipe: Recipe, defaults: Defaults, grid: Grid, pcwm: Pcwm,
+                 resolutions: Resolutions | None = None) -> list[Cell]:
     """Every cell of one recipe, in grid order."""
     resolutions = {} if resolutions is None else resolutions
     rows = list(_own_rows(recipe, pcwm) if recipe.combinations else _grid_rows(recipe, defaults, grid))
@@ -124,13 +136,13 @@ def recipe_cells(recipe, defaults: Defaults, grid, pcwm, resolutions: dict | Non
     return _collapse(recipe, cells)
 
 
-def _cell(recipe, row: _Row, python: str, platform: str, resolution: Resolution) -> Cell:
+def _cell(recipe: Recipe, row: _Row, python: str, platform: str, resolution: Resolution) -> Cell:
     torch_part = row.torch if recipe.links_torch else None
     return Cell(recipe.name, row.cuda, row.torch, row.pins[platform], python, platform, recipe.links_torch,
                 recipe.wheel_abi, resolution, cell_id(recipe.name, row.cuda, torch_part, python, platform, recipe.wheel_abi))
 
 
-def _collapse(recipe, cells: list[Cell]) -> list[Cell]:
+def _collapse(recipe: Recipe, cells: list[Cell]) -> list[Cell]:
     """abi3 / py3-none / pure: keep one cell per id (the floor Python of the row)."""
     if recipe.wheel_abi not in PYTHON_COLLAPSED:
         return cells

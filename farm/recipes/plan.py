@@ -12,14 +12,18 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm import paths
 from farm.arch.resolve import NO_OVERRIDES
 from farm.errors import BadInput
 from farm.policy import Defaults, load_defaults
-from farm.recipes.cells import Cell, recipe_cells
-from farm.recipes.model import Recipe
+from farm.recipes.cells import Cell, Resolutions, recipe_cells
 from farm.yamlio import write_atomic
+
+if TYPE_CHECKING:
+    from farm.matrix.grid import Grid, Pcwm
+    from farm.recipes.model import Recipe
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Plan:
         return [c for c in self.cells if filters.match(c)]
 
 
-def full_plan(defaults=None, recipes=None, grid=None, pcwm=None, cells_of: Iterable[str] | None = None) -> Plan:
+def full_plan(defaults: Defaults | None = None, recipes: dict[str, Recipe] | None = None, grid: Grid | None = None,
+              pcwm: Pcwm | None = None, cells_of: Iterable[str] | None = None) -> Plan:
     """Every cell of every recipe; `cells_of` names the only recipes whose cells are derived (the
     plan still holds every recipe: build keys read the recipes a cell depends on)."""
     from farm.matrix.grid import load_grid, load_pcwm
@@ -61,7 +66,7 @@ def full_plan(defaults=None, recipes=None, grid=None, pcwm=None, cells_of: Itera
     recipes = recipes if recipes is not None else load_recipes(defaults=defaults)
     grid = grid or load_grid()
     pcwm = pcwm or load_pcwm()
-    shared: dict = {}   # policy resolutions, shared by every recipe without arch overrides
+    shared: Resolutions = {}   # policy resolutions, shared by every recipe without arch overrides
     cells: list[Cell] = []
     for name in sorted(recipes):
         if cells_of is not None and name not in cells_of:
