@@ -22,6 +22,7 @@ from farm.policy import Defaults
 from farm.recipes.cells import Cell
 
 if TYPE_CHECKING:
+    from farm.build.farmdeps import FarmWheel
     from farm.recipes.model import Recipe
 
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
@@ -80,9 +81,9 @@ class KeyMaker:
         self._recipe_digest: dict[str, str] = {}
         self.epoch = defaults.grid_policy.whole_default("build_epoch", 1)
         self.wheelhouse = wheelhouse     # where build_requires_farm wheels are looked up (default: as built_keys)
-        self._entries: dict | None = None     # the house's live entries per project, read once
+        self._entries: dict[str, list] | None = None     # the house's live entries per project, read once
 
-    def farm_wheels(self, cell: Cell) -> list:
+    def farm_wheels(self, cell: Cell) -> list[FarmWheel]:
         """The cell's build_requires_farm wheels in the wheelhouse (farm/build/farmdeps.py); the journal is read once."""
         from farm.build.farmdeps import by_project, farm_wheels
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm import __version__, paths
 from farm.errors import BadInput, shorten
 from farm.recipes.cells import cell_id
 from farm.yamlio import write_atomic
+
+if TYPE_CHECKING:
+    from farm.recipes.model import Recipe
 
 # The cell every recipe's status is measured on (x86_64; torch-free and abi3 recipes have their own id).
 STATUS_CUDA, STATUS_TORCH, STATUS_PYTHON, STATUS_PLATFORM = "13.0", "2.13", "3.12", "linux"
@@ -212,8 +216,8 @@ def _gate(record: dict) -> str:
     return f"{gate} (warn: {', '.join(warned)})" if gate == "pass" and warned else gate
 
 
-def status_rows(recipes: dict, records: dict[str, dict]) -> list[dict]:
-    """One row per recipe, in name order."""
+def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list[dict[str, str]]:
+    """One row per recipe, in name order: COLUMNS -> the text shown."""
     rows = []
     for name in sorted(recipes):
         recipe, rec = recipes[name], records.get(name, {})
@@ -232,7 +236,7 @@ def status_rows(recipes: dict, records: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def render_text(rows: list[dict]) -> str:
+def render_text(rows: list[dict[str, str]]) -> str:
     shown = [c for c in COLUMNS if c != "reason"]
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in shown}
     lines = ["  ".join(c.ljust(widths[c]) for c in shown)]
@@ -246,7 +250,7 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|") or " "
 
 
-def render_markdown(rows: list[dict], records_folder: str) -> str:
+def render_markdown(rows: list[dict[str, str]], records_folder: str) -> str:
     tiers: dict[str, int] = {}
     for r in rows:
         tier = r["tier"].split(" (")[0]

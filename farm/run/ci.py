@@ -26,9 +26,13 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from farm.platforms import lane
 from farm.recipes.cells import Cell
+
+if TYPE_CHECKING:
+    from farm.recipes.plan import Plan
 
 MAX_JOBS_PER_MATRIX = 256
 MAX_OUTPUT_BYTES = 1_000_000
@@ -79,7 +83,7 @@ class Chunk:
     index: int           # 1-based within the lane
     cells: tuple[str, ...]
     timeout_minutes: int
-    runs_on: object      # a label, or a list of self-hosted labels
+    runs_on: str | list[str]   # a label, or a list of self-hosted labels
 
     @property
     def name(self) -> str:
@@ -87,7 +91,7 @@ class Chunk:
         return f"{self.lane.replace('-', '_')}_{self.index}"
 
 
-def ci_cells(plan, cells: list[Cell]) -> tuple[list[Cell], dict[str, list[str]]]:
+def ci_cells(plan: Plan, cells: list[Cell]) -> tuple[list[Cell], dict[str, list[str]]]:
     """The cells CI builds: all selected ones except recipes that need a patch nobody wrote (not buildable
     anywhere yet). Returns (cells, {recipe: ids left out})."""
     keep: list[Cell] = []
@@ -100,7 +104,7 @@ def ci_cells(plan, cells: list[Cell]) -> tuple[list[Cell], dict[str, list[str]]]
     return keep, left
 
 
-def chunks_for(plan, cells: list[Cell], max_jobs: int = MAX_JOBS_PER_MATRIX) -> list[Chunk]:
+def chunks_for(plan: Plan, cells: list[Cell], max_jobs: int = MAX_JOBS_PER_MATRIX) -> list[Chunk]:
     by_lane: dict[tuple[str, bool], list[Cell]] = {}
     for cell in cells:
         recipe = plan.recipes[cell.recipe_name]
