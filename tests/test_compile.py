@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.compile import CompileFailed, compile_wheel
+from farm.build.compile import compile_wheel
+from farm.errors import CompileFailed
 
 BACKEND = '''
 import os, zipfile

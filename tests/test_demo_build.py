@@ -21,8 +21,9 @@ from farm.arch.archlist import ArchList
 from farm.arch.fatbin import read_fatbin
 from farm.build import environments as E
 from farm.build import provision as P
-from farm.build.compile import CompileFailed, compile_environment, compile_wheel
+from farm.build.compile import compile_environment, compile_wheel
 from farm.build.downloads import download
+from farm.errors import CompileFailed
 from farm.paths import PROJECT_ROOT, cache_dir
 
 PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from farm.errors import EngineUnavailable
 from farm.runners import images
-from farm.runners.engine import Engine, EngineUnavailable, Limits, Mount, ensure_engine
+from farm.runners.engine import Engine, Limits, Mount, ensure_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.container]
 PROJECT = Path(__file__).resolve().parent.parent

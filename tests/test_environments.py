@@ -17,6 +17,7 @@ import pytest
 from farm.build import downloads as D
 from farm.build import environments as E
 from farm.build.downloads import DownloadSet
+from farm.errors import EnvironmentFailed, TorchMismatch
 
 PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 REQ = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="13.0", platform="linux")
@@ -55,7 +56,7 @@ def test_torch_comes_from_pypi_only_when_its_default_build_is_the_cells_line(mon
 def test_an_unreachable_torch_index_is_reported_in_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("FARM_TORCH_INDEX_URL", "http://127.0.0.1:9/whl")
     req = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="12.8")
-    with pytest.raises(E.EnvironmentError_) as err:
+    with pytest.raises(EnvironmentFailed) as err:
         E.download_environment(req, root=tmp_path)
     msg = str(err.value)
     assert "\n" not in msg and "FARM_TORCH_INDEX_URL" in msg and "http://127.0.0.1:9/whl/cu128" in msg
@@ -104,11 +105,11 @@ def test_second_base_environment_call_is_a_cache_hit(base_env):
 @pytest.mark.slow
 @needs_py311
 def test_requested_and_installed_torch_mismatch_fails_with_both_values(base_env):
-    with pytest.raises(E.TorchMismatch) as err:
+    with pytest.raises(TorchMismatch) as err:
         E.check_torch(base_env.torch_version, base_env.torch_cuda, "2.13.0", "12.8", where=str(base_env.path))
     msg = str(err.value)
     assert base_env.torch_version in msg and "CUDA 13.0" in msg and "CUDA 12.8" in msg and "2.13.0" in msg
-    with pytest.raises(E.TorchMismatch):
+    with pytest.raises(TorchMismatch):
         E.check_torch("2.13.0+cu130", "13.0", "2.13.1", "13.0")
     E.check_torch("2.8.0+cu128", "12.8", "2.8.0", "12.8")
 
@@ -120,7 +121,7 @@ def test_a_cpu_torch_in_the_base_fails_the_check_and_leaves_no_complete_env(down
     # The real trap on this machine: pip's find-links offer a CPU torch 2.13.0 for `torch==2.13.0`.
     pure = [f for f in downloads.files if f.name.endswith("-none-any.whl") and "cuda_toolkit" not in f.name]
     fake = DownloadSet(("torch==2.13.0",), (CPU_TORCH, *pure), downloads.manifest)
-    with pytest.raises(E.TorchMismatch) as err:
+    with pytest.raises(TorchMismatch) as err:
         E.base_environment(REQ, PY311, target="cpu-trap", downloads=fake, root=tmp_path)
     msg = str(err.value)
     assert "2.13.0+cpu" in msg and "CUDA none" in msg and "CUDA 13.0" in msg
@@ -179,7 +180,7 @@ def test_overlay_installs_build_requires_farm_wheels_without_their_deps_keyed_by
     assert E.overlay_environment(base_env, [], farm_wheels=[second], req=REQ, root=root).path != overlay.path
     assert E.overlay_environment(base_env, [], farm_wheels=[first], req=REQ, root=root).path == overlay.path
 
-    with pytest.raises(E.EnvironmentError_) as err:                       # bytes that are not the keyed ones
+    with pytest.raises(EnvironmentFailed) as err:                       # bytes that are not the keyed ones
         E.overlay_environment(base_env, [], farm_wheels=[(second[0], "0" * 64)], req=REQ, root=root)
     assert second[0].name in str(err.value) and second[1][:12] in str(err.value)
     left = sorted(p.name for p in (root / "overlays").iterdir() if p.is_dir())

@@ -27,8 +27,9 @@ from wheel_factory import (
     torch_cuda_wheel,
 )
 
-from farm.arch.fatbin import FatbinError, read_fatbin
+from farm.arch.fatbin import read_fatbin
 from farm.arch.pam import extract_torch_libs
+from farm.errors import FatbinError
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import pytest
 from wheel_builder import build_shared_lib, pack_ext_wheel
 
 from farm.build.repair import (
-    RepairError,
     drop_build_rpaths,
     exclusions,
     host_plat,
@@ -21,7 +20,7 @@ from farm.build.repair import (
     torch_env_sonames,
 )
 from farm.build.verify.wheel import wheel_file_problems
-from farm.errors import BadInput
+from farm.errors import BadInput, RepairError
 
 
 @pytest.fixture(scope="module")

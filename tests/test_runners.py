@@ -216,7 +216,8 @@ def test_python_for_a_version_comes_with_the_mount_it_needs(container):
 
 
 def test_paths_outside_every_mount_are_refused_and_host_paths_are_identity(host, tmp_path):
-    from farm.runners.container import ContainerRunner, RunnerError
+    from farm.errors import RunnerError
+    from farm.runners.container import ContainerRunner
 
     mounts = [Mount(tmp_path / "w", "/farm/work"), Mount(tmp_path / "w" / "deep", "/farm/deep")]
     inside = ContainerRunner.inside

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.source.base import PatchFailed, UnsafeArchive
 from farm.build.source.local import tree_digest
 from farm.build.source.prepare import prepare_source
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, FarmError, PatchFailed, UnsafeArchive
 
 
 def git(cwd, *args):

@@ -13,16 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.spec import (
-    SCHEMA,
-    BadSpec,
-    FarmWheel,
-    StepPaths,
-    StepSpec,
-    Target,
-    recipe_part,
-    source_part,
-)
+from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
+from farm.errors import BadSpec
 from farm.recipes.plan import cell_plan
 from farm.recipes.reader import load_recipes
 

@@ -15,7 +15,7 @@ import pytest
 from farm.arch.archlist import ArchList
 from farm.build import provision as P
 from farm.build import toolkit as T
-from farm.errors import BadInput
+from farm.errors import BadInput, ToolkitCannotEmit, ToolkitUnavailable
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_an_arch_the_nvcc_cannot_emit_fails_naming_every_missing_one(pypi_toolki
     tk = pypi_toolkit
     tk.require(ArchList.parse("7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"))
     tk.require(ArchList.parse("9.0a 10.0f 12.0a"))        # arch-/family-specific, probed with --dryrun
-    with pytest.raises(T.ToolkitCannotEmit) as err:
+    with pytest.raises(ToolkitCannotEmit) as err:
         tk.require(ArchList.parse("7.0 8.0 8.9a 10.1 12.0+PTX"), cell="demo-cu130-torch2.13-py311")
     msg = str(err.value)
     assert "\n" not in msg
@@ -85,11 +85,11 @@ def test_cuda_12_line_without_a_toolkit_fails_with_one_clear_line():
     tk, _ = T.find_system_toolkit("12.8")
     if tk is not None:
         pytest.skip(f"this machine has a CUDA 12.8 toolkit at {tk.home}")
-    with pytest.raises(T.ToolkitUnavailable) as err:
+    with pytest.raises(ToolkitUnavailable) as err:
         P.provision_toolkit("12.8", "x86_64")
     msg = str(err.value)
     assert "\n" not in msg and "CUDA 12.8" in msg and "PyPI has no nvcc for CUDA 12.x" in msg
-    with pytest.raises(T.ToolkitUnavailable):
+    with pytest.raises(ToolkitUnavailable):
         P.download_toolkit_wheels("12.8", "linux")
 
 
@@ -100,7 +100,7 @@ def test_an_installed_toolkit_on_the_line_is_used_with_an_explicit_home():
     chosen = P.provision_toolkit("13.0", "x86_64", source="system")
     assert chosen.source in ("system", "image") and chosen.line == "13.0"
     assert chosen.env()["CUDA_HOME"] == str(chosen.home) and chosen.nvcc.exists()
-    with pytest.raises(T.ToolkitUnavailable) as err:
+    with pytest.raises(ToolkitUnavailable) as err:
         P.provision_toolkit("13.2", "x86_64", source="system")
     assert "13.2" in str(err.value)
 

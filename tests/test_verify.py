@@ -41,10 +41,11 @@ from wheel_factory import (
 )
 
 from farm.arch.archlist import ArchList
-from farm.build.verify.expectation import Expectation, GateCannotRun
+from farm.build.verify.expectation import Expectation
 from farm.build.verify.gate import CHECKS, verify_wheel
 from farm.build.verify.importcheck import ImportChild, install_into
 from farm.build.verify.wheel import wheel_file_problems
+from farm.errors import GateCannotRun
 from farm.recipes.model import AllowedMissing
 from farm.recipes.model import Verify as VerifyKnobs
 

@@ -15,18 +15,8 @@ from urllib.parse import unquote, urljoin
 import pytest
 from wheelhouse_fixtures import REPO, comfy_env_matches, make_wheel, run_farm
 
-from farm.errors import BadInput
-from farm.wheelhouse import (
-    PublishConflict,
-    ShrinkRefused,
-    built_keys,
-    check_links,
-    prune,
-    publish,
-    read_journal,
-    rebuild,
-    verify,
-)
+from farm.errors import BadInput, PublishConflict, ShrinkRefused
+from farm.wheelhouse import built_keys, check_links, prune, publish, read_journal, rebuild, verify
 
 LINK = re.compile(r'<a ([^>]*)>([^<]*)</a>')
 ATTR = re.compile(r'([\w-]+)="([^"]*)"')

@@ -20,6 +20,7 @@ from farm.build import windows
 from farm.build.compile import compile_environment
 from farm.build.repair import repair_wheel
 from farm.build.toolkit import Toolkit
+from farm.errors import WindowsToolchainMissing
 
 WIN_CELL = "farm_demo-cu130-torch2.13-py311-win"
 
@@ -56,7 +57,7 @@ def test_refusal_only_for_windows_cells_off_windows():
 
 
 def test_check_buildable_here_raises_the_builds_exit_2_error():
-    from farm.build.cell import NotBuildableHere
+    from farm.errors import NotBuildableHere
 
     cell = SimpleNamespace(id=WIN_CELL, platform="windows")
     with pytest.raises(NotBuildableHere) as err:
@@ -138,7 +139,7 @@ def test_find_msvc_takes_a_developer_prompt_as_is():
 
 
 def test_find_msvc_without_visual_studio_says_what_to_install():
-    with pytest.raises(windows.WindowsToolchainMissing, match=windows.MSVC_COMPONENT):
+    with pytest.raises(WindowsToolchainMissing, match=windows.MSVC_COMPONENT):
         windows.find_msvc({"ProgramFiles(x86)": "C:\\PF86"}, run=FakeWindows(set()).run,
                           exists=FakeWindows(set()).exists)
 
@@ -160,7 +161,7 @@ def test_find_cuda_toolkit_checks_nvcc_reports_the_cells_line():
     tk = windows.find_cuda_toolkit("13.0", {}, run=good.run, exists=good.exists)
     assert tk.home == home and tk.nvcc == home + "\\bin\\nvcc.exe" and tk.lib_dir() == home + "\\lib\\x64"
     wrong = FakeWindows({home + "\\bin\\nvcc.exe"}, nvcc_release="12.9")
-    with pytest.raises(windows.WindowsToolchainMissing, match="nvcc says 12.9"):
+    with pytest.raises(WindowsToolchainMissing, match="nvcc says 12.9"):
         windows.find_cuda_toolkit("13.0", {}, run=wrong.run, exists=wrong.exists)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from farm.errors import FarmError
+from farm.errors import FatbinError
 
 MAGIC = 0xBA55ED50
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -47,12 +47,6 @@ FLAG_FAMILY = 0x200000
 # Sections that carry fatbin containers, by object format.
 ELF_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 PE_SECTIONS = (".nv_fatb",)
-
-
-class FatbinError(FarmError):
-    """A file the reader cannot read: not ELF/PE, or a truncated or corrupt fatbin."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

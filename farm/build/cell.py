@@ -20,7 +20,7 @@ from pathlib import Path
 
 from farm import __version__, paths
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
 from farm.recipes.buildkey import KeyMaker, context_for
 from farm.recipes.cells import Cell
 from farm.recipes.model import Recipe
@@ -30,26 +30,6 @@ from farm.runners.base import Runner
 from farm.runners.emulation import is_emulated
 from farm.runners.host import HostRunner
 from farm.yamlio import write_atomic
-
-
-class NotBuildableHere(FarmError):
-    """A cell this host cannot build (Windows on Linux, needs_patch, no toolkit for the line)."""
-
-    exit_code = 2
-
-
-class BuildFailed(FarmError):
-    exit_code = 1
-
-
-class NeedsFarmWheel(NotBuildableHere):
-    """A build_requires_farm dependency has no wheel for the cell's coordinates in the wheelhouse."""
-
-
-class BuildOOM(BuildFailed):
-    """A step was killed with exit 137 (out of memory): `farm run` retries it with max_jobs halved (SPEC 8.4)."""
-
-    exit_code = 137
 
 
 @dataclass

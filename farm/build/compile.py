@@ -26,7 +26,7 @@ from pathlib import Path
 
 from farm.arch.archlist import ArchList
 from farm.build.toolkit import Toolkit
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, CompileFailed
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -34,10 +34,6 @@ PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "
                 "https_proxy", "no_proxy")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _PLACEHOLDER = re.compile(r"\{(ARCHS_TORCH|ARCHS_CMAKE|CUDA_HOME|CUDA)\}")
-
-
-class CompileFailed(FarmError):
-    exit_code = 1
 
 
 def _expand(value: str, names: Mapping[str, str], key: str) -> str:

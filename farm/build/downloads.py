@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.errors import FarmError
+from farm.errors import DownloadFailed, FarmError
 from farm.paths import cache_dir
 from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.versions import python_tag, vtuple
@@ -33,10 +33,6 @@ MANIFESTS = "manifests"
 _SAVED = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S+\.whl)\s*$")
 
 ARCH_OF = {"linux": "x86_64", "linux_aarch64": "aarch64"}
-
-
-class DownloadFailed(FarmError):
-    exit_code = 1
 
 
 def machine(platform: str) -> str:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
-from farm.errors import FarmError
+from farm.errors import EnvironmentFailed, TorchMismatch
 from farm.paths import cache_dir, defaults_dir
 from farm.run import cachebudget
 from farm.versions import cuda_tag, minor_of, vtuple
@@ -55,14 +55,6 @@ except Exception as exc:  # a CPU build has no such function
 print("FARM_PROBE " + json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
       "arch_flags": flags, "python": sys.version.split()[0], "torch_dir": torch.__path__[0]}))
 """
-
-
-class EnvironmentError_(FarmError):
-    exit_code = 1
-
-
-class TorchMismatch(FarmError):
-    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,7 @@ class TorchEnv:
         for root in roots:
             if (root / "torch" / "lib").is_dir():
                 return root / "torch" / "lib"
-        raise EnvironmentError_(f"no torch/lib under {self.path}")
+        raise EnvironmentFailed(f"no torch/lib under {self.path}")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -154,7 +146,7 @@ def arch_flags_to_list(flags: str | None) -> str | None:
 def _site_packages_of(env: Path) -> Path:
     found = sorted(env.glob("lib/python3*/site-packages"))
     if not found:
-        raise EnvironmentError_(f"{env} has no lib/python3.*/site-packages")
+        raise EnvironmentFailed(f"{env} has no lib/python3.*/site-packages")
     return found[0]
 
 
@@ -180,7 +172,7 @@ def _check_index(index: Index, req: EnvRequest) -> None:
         return
     why = index.reachable()
     if why is not None:
-        raise EnvironmentError_(
+        raise EnvironmentFailed(
             f"torch {req.torch_pin} for CUDA {req.cuda} on {req.platform} is not PyPI's default build, so it "
             f"comes from the PyTorch index {index.url} (FARM_TORCH_INDEX_URL), which is unreachable from "
             f"here: {why}")
@@ -226,7 +218,7 @@ def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 36
         log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")
     if proc.returncode != 0:
         tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "[notice]" not in ln][-4:]
-        raise EnvironmentError_(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+        raise EnvironmentFailed(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
     return proc
 
 
@@ -234,7 +226,7 @@ def python_version(python_exe: Path | str) -> str:
     proc = subprocess.run([str(python_exe), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise EnvironmentError_(f"{python_exe} does not run: {proc.stderr.strip()[:200]}")
+        raise EnvironmentFailed(f"{python_exe} does not run: {proc.stderr.strip()[:200]}")
     return proc.stdout.strip()
 
 
@@ -247,7 +239,7 @@ def probe_torch(python_exe: Path | str) -> dict:
         if line.startswith("FARM_PROBE "):
             return json.loads(line[len("FARM_PROBE "):])
     tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-2:]
-    raise EnvironmentError_(f"`import torch` failed in {python_exe}: {' | '.join(tail)}")
+    raise EnvironmentFailed(f"`import torch` failed in {python_exe}: {' | '.join(tail)}")
 
 
 def check_torch(found_version: str, found_cuda: str | None, torch_pin: str, cuda: str, where: str = "") -> None:
@@ -290,7 +282,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
     python_exe = Path(python_exe)
     full = python_version(python_exe)
     if vtuple(full)[:2] != vtuple(req.python)[:2]:
-        raise EnvironmentError_(f"{python_exe} is Python {full}, the cell wants {req.python}")
+        raise EnvironmentFailed(f"{python_exe} is Python {full}, the cell wants {req.python}")
     key = base_key(req, target, full)
     entry = root / "envs" / key
 
@@ -299,7 +291,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
                                         platform=req.platform, glibc=req.glibc,
                                         index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
         if dl is None:
-            raise EnvironmentError_(f"torch {req.torch_pin} for Python {req.python} {req.platform} is not "
+            raise EnvironmentFailed(f"torch {req.torch_pin} for Python {req.python} {req.platform} is not "
                                     f"downloaded; run farm.build.environments.download_environment on the host first")
         t0 = time.monotonic()
         _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
@@ -355,7 +347,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
                                constraints=[_torch_requirement(req)],
                                index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
         if dl is None and deps:
-            raise EnvironmentError_(f"build_deps {deps} are not downloaded; run "
+            raise EnvironmentFailed(f"build_deps {deps} are not downloaded; run "
                                     f"farm.build.environments.download_build_deps on the host first")
         _check_farm_wheels(farm_wheels)
         # `venv` run from the base's python makes a venv of the base's interpreter (sys._base_executable)
@@ -404,9 +396,9 @@ def _check_farm_wheels(farm_wheels: list[tuple[Path, str]]) -> None:
         try:
             found = file_sha256(f)
         except OSError as exc:
-            raise EnvironmentError_(f"build_requires_farm wheel {f}: {exc.strerror or exc}") from None
+            raise EnvironmentFailed(f"build_requires_farm wheel {f}: {exc.strerror or exc}") from None
         if found != sha:
-            raise EnvironmentError_(f"build_requires_farm wheel {f.name}: sha256 {found[:12]}, "
+            raise EnvironmentFailed(f"build_requires_farm wheel {f.name}: sha256 {found[:12]}, "
                                     f"the build key names {sha[:12]}")
 
 

@@ -31,17 +31,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, WheelError
 
 TORCH_FAMILY = frozenset({"torch", "torchvision", "torchaudio"})
 BUILD_INFO_NAME = "farm_build.json"
 _PLACEHOLDER = re.compile(r"\{(LOCAL|VER)(?::([^{}]*))?\}")
 _LOCAL = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
 _EXTRA_MARKER = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")
-
-
-class WheelError(FarmError):
-    """The wheel handed to a build step is not a well-formed wheel."""
 
 
 # ------------------------------------------------------------ requires_dist

@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from farm.build.toolkit import ToolkitUnavailable, arch_of, host_arch
+from farm.build.toolkit import arch_of, host_arch
+from farm.errors import ToolkitUnavailable
 from farm.run import cachebudget
 
 # cuda.h: `CUresult CUDAAPI cuInit(unsigned int Flags);` and `#define cuCtxCreate cuCtxCreate_v4`

@@ -23,7 +23,6 @@ from farm.build.toolkit import (
     TARGET_TRIPLE,
     TORCH_HEADER_EXTRAS,
     Toolkit,
-    ToolkitUnavailable,
     arch_of,
     cuda_line,
     find_system_toolkit,
@@ -31,7 +30,7 @@ from farm.build.toolkit import (
     inspect_toolkit,
     normalise_components,
 )
-from farm.errors import BadInput
+from farm.errors import BadInput, ToolkitUnavailable
 from farm.paths import cache_dir
 from farm.run import cachebudget
 from farm.versions import vtuple

@@ -43,16 +43,12 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, RepairError
 from farm.platforms import plat_glibc
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
 DRIVER_AND_RUNTIME = ("libcuda.so*", "libcudart.so*")
 _MANGLED = re.compile(r"^(?P<base>[^.]+)-[0-9a-f]{8}(?P<ext>\..+)$")
-
-
-class RepairError(FarmError):
-    """auditwheel could not repair the wheel, or grafted something not allowed."""
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from farm.arch.archlist import ArchList
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, BadSpec
 from farm.policy import frozen
 from farm.recipes.cells import Cell
 from farm.recipes.model import ExtraSource, Patch, Recipe, Source, Verify
 
 # Bumped whenever a field changes meaning; a step refuses a spec of another schema.
 SCHEMA = 1
-
-
-class BadSpec(FarmError):
-    """A step spec the steps cannot read (another farm version wrote it, or it was edited)."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

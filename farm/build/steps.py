@@ -26,13 +26,9 @@ import time
 from pathlib import Path
 
 from farm.build.spec import SourcePart, StepSpec
-from farm.errors import FarmError
+from farm.errors import FarmError, StepFailed
 
 PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify")
-
-
-class StepFailed(FarmError):
-    exit_code = 1
 
 
 class Steps:

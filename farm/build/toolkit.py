@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from farm.arch.archlist import ArchList, ArchToken
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
 from farm.versions import vtuple
 
 # cuda-toolkit extras every toolkit gets (the compiler, runtime, CCCL) ...
@@ -50,14 +50,6 @@ COMPONENT_HEADER = {
 TARGET_TRIPLE = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}
 SYSTEM_GLOBS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/opt/cuda-*")
 _RELEASE = re.compile(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)")
-
-
-class ToolkitUnavailable(FarmError):
-    exit_code = 1
-
-
-class ToolkitCannotEmit(FarmError):
-    exit_code = 1
 
 
 def arch_of(platform_or_arch: str) -> str:

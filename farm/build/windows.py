@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PureWindowsPath
 
-from farm.errors import FarmError
+from farm.errors import NotBuildableHere, WindowsToolchainMissing
 from farm.versions import vtuple
 
 PLATFORM = "windows"
@@ -42,10 +42,6 @@ _LINUX_ONLY = ("CFLAGS", "CXXFLAGS", "CPATH", "LIBRARY_PATH")
 _WINDOWS_PASS = ("SYSTEMROOT", "SYSTEMDRIVE", "WINDIR", "COMSPEC", "PATHEXT", "TEMP", "TMP", "USERPROFILE",
                  "APPDATA", "LOCALAPPDATA", "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)",
                  "NUMBER_OF_PROCESSORS", "PROCESSOR_ARCHITECTURE")
-
-
-class WindowsToolchainMissing(FarmError):
-    exit_code = 1
 
 
 def host_system() -> str:
@@ -66,11 +62,9 @@ def refusal(cell_id: str, cell_platform: str, system: str | None = None) -> str 
 
 
 def check_buildable_here(cell, system: str | None = None) -> None:
-    """Raise farm.build.cell.NotBuildableHere (exit 2) for a Windows cell on a non-Windows host."""
+    """Raise farm.errors.NotBuildableHere (exit 2) for a Windows cell on a non-Windows host."""
     line = refusal(cell.id, cell.platform, system)
     if line:
-        from farm.build.cell import NotBuildableHere  # build.py imports this module
-
         raise NotBuildableHere(line)
 
 

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 from farm.arch.archlist import ArchList
-from farm.build.verify.expectation import Expectation, GateCannotRun, cell_expectation
+from farm.build.verify.expectation import Expectation, cell_expectation
 from farm.build.verify.gate import verify_wheel
 from farm.commands.common import add_platform, check_version, output_file
-from farm.errors import BadInput, FarmError, shorten
+from farm.errors import BadInput, FarmError, GateCannotRun, shorten
 from farm.versions import cuda_tag, python_tag
 from farm.yamlio import write_atomic
 

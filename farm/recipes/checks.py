@@ -10,12 +10,11 @@ from pathlib import Path
 
 from farm import paths
 from farm.arch.resolve import Hazard, fallback_hazards
-from farm.errors import BadInput, FarmError, shorten
+from farm.errors import BadInput, FarmError, RecipeProblems, shorten
 from farm.policy import Defaults, frozen, load_defaults
 from farm.recipes.lines import built_lines, current_grid, current_pcwm
 from farm.recipes.model import Recipe
 from farm.recipes.reader import check_build_order, collisions, folder_problems, load_recipe, recipe_files
-from farm.recipes.values import RecipeProblems
 
 
 def recipe_hazards(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> list[Hazard]:

@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from farm import paths
 from farm.arch.resolve import ArchOverrides
-from farm.errors import BadInput, shorten
+from farm.errors import BadInput, RecipeProblems, shorten
 from farm.platforms import ARM_LANE, X86_LANE
 from farm.policy import PEAK_GB_PROBLEM, Defaults, frozen, load_defaults, positive_gb
 from farm.recipes.lines import built_lines, current_grid, current_pcwm, generated_files
@@ -30,7 +30,6 @@ from farm.recipes.model import Recipe, placeholders_in
 from farm.recipes.values import (
     RECIPE_NAME,
     Reader,
-    RecipeProblems,
     no_repeats,
     read_combinations,
     read_env,

@@ -72,16 +72,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URL = re.compile(r"^(https?|git|ssh|file)://\S+$|^git@[\w.-]+:\S+$")
 
 
-class RecipeProblems(BadInput):
-    """Every problem found in one recipe file. It reads as the first one (the one line a command
-    that loads recipes prints); `farm recipes check` prints each of `problems`."""
-
-    def __init__(self, problems: Iterable[BadInput]):
-        self.problems = tuple(problems)
-        first = self.problems[0]
-        super().__init__(first.where, first.key, first.value, first.problem)
-
-
 class Reader:
     """Typed access to one recipe file's values; every failure is one BadInput line."""
 

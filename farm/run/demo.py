@@ -17,13 +17,9 @@ from pathlib import Path
 from farm import paths
 from farm.arch.find import PYPI_SIMPLE
 from farm.build.cell import build_cell
-from farm.errors import FarmError
+from farm.errors import DemoFailed
 
 DEMO_CELL = "farm_demo-cu130-torch2.13-py311"
-
-
-class DemoFailed(FarmError):
-    exit_code = 1
 
 
 def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelhouse: Path | None = None,

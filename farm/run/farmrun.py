@@ -23,14 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from farm import paths
-from farm.errors import FarmError
 from farm.recipes.plan import Filters
 from farm.run.scheduling import Scheduler, default_jobs, mem_available_gb
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
-
-
-class RunError(FarmError):
-    exit_code = 2
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from farm.errors import FarmError
+from farm.errors import RunnerError
 from farm.paths import PROJECT_ROOT, cache_dir
 from farm.runners import images
 from farm.runners.base import (
@@ -37,10 +37,6 @@ from farm.runners.base import (
 from farm.runners.engine import Engine, Limits, Mount
 
 TOOLS_TARGET = "/farm/tools"
-
-
-class RunnerError(FarmError):
-    exit_code = 1
 
 
 def project_requirements() -> list[str]:

@@ -18,23 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.errors import FarmError
+from farm.errors import EngineError, EngineUnavailable
 
 ENGINE_NAMES = ("docker", "podman")
 # The docker client answers `--version` without an engine; `info` needs the engine itself.
 _INFO_TIMEOUT = 20
-
-
-class EngineUnavailable(FarmError):
-    """No container engine answers; the message says which were tried and why."""
-
-    exit_code = 1
-
-
-class EngineError(FarmError):
-    """An engine command failed (not a build step: those report an exit code)."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, EngineError, ImageError
 from farm.paths import PROJECT_ROOT, cache_dir
 from farm.platforms import plat_glibc
-from farm.runners.engine import Engine, EngineError, Mount
+from farm.runners.engine import Engine, Mount
 from farm.yamlio import write_atomic
 
 DOCKER_DIR = PROJECT_ROOT / "docker"
@@ -68,10 +68,6 @@ extern "C" double farm_probe(int n) {
     return std::stod(os.str() + tls);
 }
 """
-
-
-class ImageError(FarmError):
-    exit_code = 1
 
 
 def images_dir() -> Path:

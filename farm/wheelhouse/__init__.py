@@ -10,7 +10,8 @@ Public API:
   read_journal(wheelhouse).entries -> list[ManifestEntry]
 """
 
-from farm.wheelhouse.index import Config, House, ShrinkRefused, channel_root
+from farm.errors import PublishConflict, ShrinkRefused
+from farm.wheelhouse.index import Config, House, channel_root
 from farm.wheelhouse.maintain import (
     PruneResult,
     RebuildResult,
@@ -20,7 +21,7 @@ from farm.wheelhouse.maintain import (
     rebuild,
     verify,
 )
-from farm.wheelhouse.manifest import ManifestEntry, PublishConflict, read_journal
+from farm.wheelhouse.manifest import ManifestEntry, read_journal
 from farm.wheelhouse.names import WheelName, normalize, parse_wheel_name
 from farm.wheelhouse.publish import PublishResult, publish
 from farm.wheelhouse.recover import RecoverResult, recover

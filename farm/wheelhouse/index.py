@@ -26,7 +26,7 @@ from html import escape
 from pathlib import Path
 from urllib.parse import quote
 
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, ShrinkRefused
 from farm.paths import display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.journalindex import JournalIndex, Summary
@@ -43,10 +43,6 @@ API_VERSION = "1.1"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # Platforms a platform-independent wheel is repeated under in the comfy-env view.
 ANY_PLATFORMS = ("linux_x86_64", "linux_aarch64", "win_amd64")
-
-
-class ShrinkRefused(FarmError):
-    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -49,12 +49,6 @@ CACHE = ".manifest.idx"
 KEEP_PER_CELL = 2
 
 
-class PublishConflict(FarmError):
-    """A file name already published with other bytes: new bytes never reuse an old name (SPEC 7.4)."""
-
-    exit_code = 2
-
-
 @dataclass(frozen=True)
 class ManifestEntry:
     """One published wheel: everything the index pages need, so they never open the wheel."""

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from farm.errors import BadInput
+from farm.errors import BadInput, PublishConflict
 from farm.paths import display
 from farm.versions import minor_of
 from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
@@ -40,7 +40,6 @@ from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounte
 from farm.wheelhouse.manifest import (
     MANIFEST,
     ManifestEntry,
-    PublishConflict,
     append_records,
     fsync_dir,
     house_folder,

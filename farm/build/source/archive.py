@@ -24,15 +24,8 @@ from filelock import FileLock
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from farm.build.source.base import (
-    Fetched,
-    SourceError,
-    UnsafeArchive,
-    check_sha256,
-    sources_cache,
-    unsafe_name,
-)
-from farm.errors import BadInput
+from farm.build.source.base import Fetched, check_sha256, sources_cache, unsafe_name
+from farm.errors import BadInput, SourceError, UnsafeArchive
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".zip")
 HTTP_TIMEOUT = (15, 300)

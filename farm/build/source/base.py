@@ -1,4 +1,4 @@
-"""What every kind of source shares: its errors, what a fetch returns, the cache folder, and the
+"""What every kind of source shares: what a fetch returns, the cache folder, and the
 checks of names and digests a recipe gives.
 """
 
@@ -8,20 +8,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput
 from farm.paths import cache_dir
-
-
-class SourceError(FarmError):
-    """Fetching or preparing a source failed (network, unsafe archive, git, patch)."""
-
-
-class UnsafeArchive(SourceError):
-    """An archive member would land outside the extraction folder."""
-
-
-class PatchFailed(SourceError):
-    """A recipe patch did not apply."""
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from farm.build import gitsparse
-from farm.build.source.base import (
-    Fetched,
-    SourceError,
-    last_error_line,
-    sources_cache,
-)
-from farm.errors import BadInput, shorten
+from farm.build.source.base import Fetched, last_error_line, sources_cache
+from farm.errors import BadInput, SourceError, shorten
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_LIKE = {"HEAD", "main", "master", "develop", "dev", "trunk"}

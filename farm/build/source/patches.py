@@ -12,12 +12,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from farm.build.source.base import (
-    PatchFailed,
-    inside,
-    last_error_line,
-)
-from farm.errors import BadInput
+from farm.build.source.base import inside, last_error_line
+from farm.errors import BadInput, PatchFailed
 from farm.paths import display
 from farm.recipes.model import when_matches
 

@@ -15,12 +15,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from farm.arch.fatbin import FatbinError, FatbinReport, read_fatbin
+from farm.arch.fatbin import FatbinReport, read_fatbin
 from farm.build.label import TORCH_FAMILY
 from farm.build.repair import origin_relative
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
 from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag
+from farm.errors import FatbinError
 from farm.platforms import from_wheel_platform_tag, lane
 from farm.recipes.model import Verify as VerifyKnobs
 

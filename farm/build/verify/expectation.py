@@ -14,17 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.arch.archlist import ArchList
-from farm.errors import FarmError
+from farm.errors import GateCannotRun
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.versions import cuda_tag
 from farm.versions import python_tag as _pytag
 from farm.yamlio import write_atomic
-
-
-class GateCannotRun(FarmError):
-    """The gate could not judge the wheel (missing file, no interpreter, no torch env): exit 2."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ from farm.build.verify.checks import (
     check_metadata,
     check_torch_linkage,
 )
-from farm.build.verify.expectation import CheckResult, Expectation, GateCannotRun, Report
+from farm.build.verify.expectation import CheckResult, Expectation, Report
 from farm.build.verify.importcheck import ImportChild, check_import
 from farm.build.verify.torchenv import TorchEnv
 from farm.build.verify.wheel import ZIP_READ_ERRORS, Wheel
+from farm.errors import GateCannotRun
 
 CHECKS = ("file", "filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
 

@@ -18,9 +18,10 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from farm.build.verify.expectation import CheckResult, Expectation, GateCannotRun
+from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
 from farm.build.verify.wheel import Wheel
+from farm.errors import GateCannotRun
 from farm.recipes.model import Verify as VerifyKnobs
 
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
@@ -171,7 +172,7 @@ def libcuda_stub_dir(w: Wheel) -> Path:
     """
     from farm.build.libcudastub import build_libcuda_stub, find_libcuda_stub
     from farm.build.provision import cached_toolkit_homes
-    from farm.build.toolkit import ToolkitUnavailable
+    from farm.errors import ToolkitUnavailable
 
     d = w.workdir / "libcuda-stub"
     d.mkdir(exist_ok=True)

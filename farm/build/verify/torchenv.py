@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.build.verify.expectation import GateCannotRun
+from farm.errors import GateCannotRun
 
 
 @dataclass(frozen=True)
