@@ -27,6 +27,7 @@ from pathlib import Path
 from farm.arch.archlist import ArchList
 from farm.build.toolkit import Toolkit
 from farm.errors import BadInput, CompileFailed
+from farm.process import last_line
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -191,7 +192,7 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
                 return None
             fh.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         if rc != 0:
-            raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_last_error(log)} (log: {log})")
+            raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_error_line(log)} (log: {log})")
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise CompileFailed(f"build_wheel made {len(wheels)} wheels in {source_dir}, expected 1 (log: {log})")
@@ -237,13 +238,9 @@ def first_error(log: Path) -> str | None:
                  if _ERROR_LINE.search(ln) and not ln.startswith(("#", "$"))), None)
 
 
-def _last_error(log: Path) -> str:
-    lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if _ERROR_LINE.search(ln) and not ln.startswith("#"):
-            return ln[:300]
-    own = [ln for ln in lines if not ln.startswith("#")]   # not the frontend's own '# exit' notes
-    return own[-1][:300] if own else "no output"
+def _error_line(log: Path) -> str:
+    """The compile log's last error line, else its last line; never the frontend's own '# exit' notes."""
+    return last_line(log, prefer=_ERROR_LINE.search, skip=lambda ln: ln.startswith("#"), limit=300)
 
 
 # ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from farm.errors import DownloadFailed, FarmError
 from farm.paths import cache_dir
+from farm.process import last_useful_lines, run
 from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.versions import python_tag, vtuple
 from farm.yamlio import write_atomic
@@ -166,12 +166,11 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             cmd += ["-c", str(cfile)]
         cmd += list(requirements)
         log("downloads: " + " ".join(cmd))
-        proc = subprocess.run(cmd, env=isolated_pip_env(), capture_output=True, text=True)
+        proc = run(cmd, env=isolated_pip_env())
         if cfile:
             cfile.unlink(missing_ok=True)
         if proc.returncode != 0:
-            tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()
-                    and not ln.startswith("[notice]")][-3:]
+            tail = last_useful_lines(proc.stderr or proc.stdout, 3, skip=lambda ln: ln.startswith("[notice]"))
             raise DownloadFailed(f"pip download {' '.join(requirements)} for Python {python} {platform} "
                                  f"from {index.url} failed: {' | '.join(tail)}")
         names = sorted({Path(m.group(1)).name for ln in proc.stdout.splitlines() if (m := _SAVED.match(ln))})

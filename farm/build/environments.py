@@ -36,6 +36,7 @@ from pathlib import Path
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
 from farm.errors import EnvironmentFailed, TorchMismatch
 from farm.paths import cache_dir, defaults_dir
+from farm.process import last_useful_lines, run
 from farm.run import cachebudget
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml
@@ -213,18 +214,17 @@ def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 36
     # The step itself may run with the farm on PYTHONPATH (a container's read-only project mount);
     # the torch environment must never see it.
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=timeout)
+    proc = run(cmd, env=env, timeout=timeout)
     if log:
         log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")
     if proc.returncode != 0:
-        tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "[notice]" not in ln][-4:]
+        tail = last_useful_lines(proc.stderr + proc.stdout, 4, skip=lambda ln: "[notice]" in ln)
         raise EnvironmentFailed(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
     return proc
 
 
 def python_version(python_exe: Path | str) -> str:
-    proc = subprocess.run([str(python_exe), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
-                          capture_output=True, text=True)
+    proc = run([python_exe, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"])
     if proc.returncode != 0:
         raise EnvironmentFailed(f"{python_exe} does not run: {proc.stderr.strip()[:200]}")
     return proc.stdout.strip()
@@ -234,11 +234,11 @@ def probe_torch(python_exe: Path | str) -> dict:
     """Import torch with no GPU visible; return its version, CUDA line and compiled arch flags."""
     env = isolated_pip_env()
     env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([str(python_exe), "-c", _PROBE], capture_output=True, text=True, env=env, timeout=600)
+    proc = run([python_exe, "-c", _PROBE], env=env, timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("FARM_PROBE "):
             return json.loads(line[len("FARM_PROBE "):])
-    tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-2:]
+    tail = last_useful_lines(proc.stderr, 2)
     raise EnvironmentFailed(f"`import torch` failed in {python_exe}: {' | '.join(tail)}")
 
 

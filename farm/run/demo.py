@@ -8,7 +8,6 @@ user would, and show what the installed binary carries.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,6 +17,7 @@ from farm import paths
 from farm.arch.find import PYPI_SIMPLE
 from farm.build.cell import build_cell
 from farm.errors import DemoFailed
+from farm.process import last_useful_lines, run
 
 DEMO_CELL = "farm_demo-cu130-torch2.13-py311"
 
@@ -52,9 +52,9 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
             cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
                    "--index-url", channel, "--extra-index-url", PYPI_SIMPLE, f"farm_demo=={version}"]
             log(f"$ {' '.join(cmd[2:])}")
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise DemoFailed(f"pip could not install from {channel}: {proc.stderr.strip().splitlines()[-1:]}")
+            proc = run(cmd)
+            if proc.returncode != 0:   # shown as a one-item list, brackets and quotes, as before
+                raise DemoFailed(f"pip could not install from {channel}: {last_useful_lines(proc.stderr, 1)}")
             installed = next(target.glob("farm_demo-*.dist-info")).name
             modules = sorted(target.glob("farm_demo/_C*.so"))
             report = read_fatbin(modules[0])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import paths
+from farm.process import useful_lines
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
 from farm.runners.emulation import is_emulated
@@ -299,14 +300,12 @@ def _read_json(path: Path):
 
 
 def _last_farm_line(out: Path) -> str | None:
+    """The last one-line error the child's CLI printed ('farm: ...'), without its prefix."""
     try:
-        lines = out.read_text(errors="replace").splitlines()
+        said = useful_lines(out, skip=lambda ln: not ln.startswith("farm: "))
     except OSError:
         return None
-    for line in reversed(lines):
-        if line.startswith("farm: "):
-            return line[6:]
-    return None
+    return said[-1][6:] if said else None
 
 
 def failure_excerpt(out_dir: Path, child_out: Path, limit: int = 25) -> str:

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ from filelock import FileLock
 
 from farm.errors import RunnerError
 from farm.paths import PROJECT_ROOT, cache_dir
+from farm.process import last_line, run
 from farm.runners import images
 from farm.runners.base import (
     CACHE_TARGET,
@@ -135,10 +135,8 @@ class ContainerRunner:
                *[f"--platform={p}" for p in plats], "--python-version", version, "--implementation", "cp",
                "--abi", f"cp{nodot}", *reqs]
         env = {**os.environ, "PIP_FIND_LINKS": ""}  # torch's local find-links is irrelevant here
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if p.returncode != 0:
-            raise RunnerError("downloading the farm's tools for the image failed: "
-                              + (p.stderr.strip().splitlines() or ["?"])[-1])
+        run(cmd, env=env, error=RunnerError, what="downloading the farm's tools for the image failed",
+            explain=lambda stderr: last_line(stderr, default="?"))
         return wheels
 
     def _install_tools(self, dest: Path, python: str, wheels: Path, reqs: list[str]) -> None:

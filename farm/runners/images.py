@@ -28,6 +28,7 @@ from filelock import FileLock
 from farm.errors import BadInput, EngineError, ImageError
 from farm.paths import PROJECT_ROOT, cache_dir
 from farm.platforms import plat_glibc
+from farm.process import last_line, run
 from farm.runners.engine import Engine, Mount
 from farm.yamlio import write_atomic
 
@@ -142,8 +143,7 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
         with open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
         if p.returncode != 0:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-            raise ImageError(f"debootstrap failed (exit {p.returncode}): {tail[0]} (log {log})")
+            raise ImageError(f"debootstrap failed (exit {p.returncode}): {last_line(log, default='')} (log {log})")
         # Trim what a builder never needs; keep the image small and the tarball stable.
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(root / junk, ignore_errors=True)
@@ -351,7 +351,7 @@ def _lowest_plat(so: Path, arch: str, tmp: Path) -> str:
         z.writestr("farmprobe-0.dist-info/RECORD", "farmprobe/_probe.so,,\nfarmprobe-0.dist-info/METADATA,,\n"
                    "farmprobe-0.dist-info/WHEEL,,\nfarmprobe-0.dist-info/RECORD,,\n")
     exe = shutil.which("auditwheel") or str(Path(sys.executable).with_name("auditwheel"))
-    p = subprocess.run([exe, "show", str(whl)], capture_output=True, text=True)
+    p = run([exe, "show", whl])
     m = re.search(r'platform tag:\s*"?(manylinux_\d+_\d+_\w+)', p.stdout.replace("\n", " "))
     if p.returncode != 0 or not m:
         raise ImageError(f"auditwheel show on the platform probe failed: {(p.stderr or p.stdout).strip()[-300:]}")

@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from farm.errors import BadInput
 from farm.paths import cache_dir
+from farm.process import last_line
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,9 @@ def sources_cache() -> Path:
     return cache_dir() / "sources"
 
 
-def last_error_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        if ln.startswith(("fatal:", "error:")):
-            return ln
-    return lines[-1] if lines else "no output"
+def git_error_line(text: str) -> str:
+    """git's first 'fatal:' or 'error:' line (what went wrong; later lines are consequences)."""
+    return last_line(text, prefer=lambda ln: ln.startswith(("fatal:", "error:")), first=True)
 
 
 def check_sha256(value: object, where: str, key: str) -> str:

@@ -20,8 +20,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from farm.build import gitsparse
-from farm.build.source.base import Fetched, last_error_line, sources_cache
+from farm.build.source.base import Fetched, git_error_line, sources_cache
 from farm.errors import BadInput, SourceError, shorten
+from farm.process import run
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 BRANCH_LIKE = {"HEAD", "main", "master", "develop", "dev", "trunk"}
@@ -34,10 +35,8 @@ def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True,
     env.pop("GIT_WORK_TREE", None)
     # Local mirrors are cloned over the file transport, which git refuses for submodules by default.
     cmd = ["git", "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false", *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, input=input)
-    if check and proc.returncode != 0:
-        raise SourceError(f"git {' '.join(args[:2])} failed: {last_error_line(proc.stderr)}")
-    return proc
+    return run(cmd, cwd=cwd, env=env, input=input, error=SourceError if check else None,
+               what=f"git {' '.join(args[:2])} failed", explain=git_error_line)
 
 
 _UPLOAD_PACK = "git -c uploadpack.allowFilter=true -c uploadpack.allowAnySHA1InWant=true upload-pack"
@@ -78,7 +77,7 @@ def ensure_mirror(url: str) -> Path:
                 proc = _git(["fetch", "--quiet", "--filter=blob:none", *_upload_pack(bare), "origin"],
                             cwd=bare, check=False)
                 if proc.returncode != 0:
-                    raise SourceError(f"cannot fetch {url}: {last_error_line(proc.stderr)}")
+                    raise SourceError(f"cannot fetch {url}: {git_error_line(proc.stderr)}")
                 os.replace(bare, mirror)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -249,7 +248,7 @@ def _wanted_blobs(repo: Path, sha: str, exclude: tuple[str, ...]) -> dict[str, l
             proc = _git(["-c", f"core.excludesFile={spec.name}", "check-ignore", "--no-index", "-z", "--stdin"],
                         cwd=repo, check=False, input=paths)
             if proc.returncode not in (0, 1):
-                raise SourceError(f"git check-ignore failed: {last_error_line(proc.stderr)}")
+                raise SourceError(f"git check-ignore failed: {git_error_line(proc.stderr)}")
         dropped = set(proc.stdout.split("\0"))
         wanted = {oid: kept for oid, ps in wanted.items() if (kept := [p for p in ps if p not in dropped])}
     return wanted

@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from farm.build.source.base import inside, last_error_line
+from farm.build.source.base import git_error_line, inside
 from farm.errors import BadInput, PatchFailed
 from farm.paths import display
+from farm.process import run
 from farm.recipes.model import when_matches
 
 
@@ -56,12 +56,8 @@ def apply_patches(
 def _git_apply(patch: Path, tree: Path, rel: str) -> None:
     # The ceiling keeps git from treating an enclosing repository as the patch's root.
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.resolve().parent), LC_ALL="C")
-    proc = subprocess.run(
-        ["git", "apply", "--whitespace=nowarn", str(patch.resolve())],
-        cwd=tree, env=env, capture_output=True, text=True,
-    )
-    if proc.returncode != 0:
-        raise PatchFailed(f"patch {rel} does not apply: {last_error_line(proc.stderr)}")
+    run(["git", "apply", "--whitespace=nowarn", patch.resolve()], cwd=tree, env=env,
+        error=PatchFailed, what=f"patch {rel} does not apply", explain=git_error_line)
 
 
 def _run_patch_script(script: Path, tree: Path, rel: str) -> None:
@@ -70,6 +66,6 @@ def _run_patch_script(script: Path, tree: Path, rel: str) -> None:
     cmd = [sys.executable, str(script.resolve())]
     if os.geteuid() == 0 and shutil.which("unshare"):
         cmd = ["unshare", "--net", "--", *cmd]
-    proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    proc = run(cmd, cwd=tree)
     if proc.returncode != 0:
-        raise PatchFailed(f"patch script {rel} failed (exit {proc.returncode}): {last_error_line(proc.stderr)}")
+        raise PatchFailed(f"patch script {rel} failed (exit {proc.returncode}): {git_error_line(proc.stderr)}")

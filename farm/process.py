@@ -1,0 +1,70 @@
+"""Running a child process and reporting its failure in one line.
+
+`run` is the farm's one way to run a command whose output is read after it ends
+(text, captured) and whose failure becomes a FarmError naming the command and
+the line of its output that explains it. `useful_lines`, `last_useful_lines` and
+`last_line` pick that line out of a child's output or a log file.
+
+Calls with special handling stay on `subprocess` itself: a step streamed to a
+log (compile, host runner, scheduler), Popen with a process group or a signal
+to forward (engine, verify's import child), and seams a test replaces
+(windows' `run=` parameter).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from os import PathLike
+from pathlib import Path
+
+from farm.errors import FarmError
+
+NO_OUTPUT = "no output"
+
+
+def useful_lines(source: str | PathLike, *, skip: Callable[[str], bool] | None = None) -> list[str]:
+    """The non-blank lines of a text (str) or of a file (a Path), stripped, without those `skip` matches.
+
+    A file is read as UTF-8 with undecodable bytes replaced; OSError reaches the caller.
+    """
+    text = Path(source).read_text(encoding="utf-8", errors="replace") if isinstance(source, PathLike) else source
+    lines = (ln.strip() for ln in (text or "").splitlines())
+    return [ln for ln in lines if ln and not (skip and skip(ln))]
+
+
+def last_useful_lines(source: str | PathLike, count: int, *,
+                      skip: Callable[[str], bool] | None = None) -> list[str]:
+    """The last `count` useful lines (see useful_lines): the tail an error line joins with ' | '."""
+    return useful_lines(source, skip=skip)[-count:]
+
+
+def last_line(source: str | PathLike, *, prefer: Callable[[str], object] | None = None, first: bool = False,
+              skip: Callable[[str], bool] | None = None, limit: int | None = None,
+              default: str = NO_OUTPUT) -> str:
+    """The one line that explains a failure: the last line `prefer` matches (the first one with
+    first=True), else the last useful line, else `default`; cut to `limit` characters."""
+    lines = useful_lines(source, skip=skip)
+    preferred = [ln for ln in lines if prefer(ln)] if prefer else []
+    if preferred:
+        line = preferred[0] if first else preferred[-1]
+    elif lines:
+        line = lines[-1]
+    else:
+        return default
+    return line[:limit] if limit else line
+
+
+def run(cmd: Sequence[str | PathLike], *, cwd: str | PathLike | None = None, env: Mapping[str, str] | None = None,
+        timeout: float | None = None, input: str | None = None, error: type[FarmError] | None = None,
+        what: str = "", explain: Callable[[str], str] = last_line) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` to its end with stdout and stderr captured as text.
+
+    With `error` set, a nonzero exit raises error(f"{what}: {explain(stderr)}"); without it the
+    caller reads returncode itself. A timeout raises subprocess.TimeoutExpired as subprocess.run does.
+    """
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=None if env is None else dict(env),
+                          timeout=timeout, input=input, capture_output=True, text=True)
+    if error is not None and proc.returncode != 0:
+        raise error(f"{what}: {explain(proc.stderr)}")
+    return proc
