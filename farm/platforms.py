@@ -67,3 +67,9 @@ def plat_glibc(tag: str) -> tuple[int, int]:
     if m.group(2):
         return int(m.group(2)), int(m.group(3))
     return _MANYLINUX_ALIASES[m.group(1)]
+
+
+def origin_relative(rpath_entry: str) -> bool:
+    """Whether an RPATH/RUNPATH entry points inside the installed wheel, the only kind a portable
+    Linux wheel may carry: the gate checks it (farm.build.verify), the repair step enforces it."""
+    return rpath_entry.startswith(("$ORIGIN", "${ORIGIN}"))

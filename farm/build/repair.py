@@ -44,7 +44,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
 from farm.errors import BadInput, RepairError
-from farm.platforms import plat_glibc
+from farm.platforms import origin_relative, plat_glibc
 from farm.process import last_line, run
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
@@ -289,11 +289,6 @@ def _is_higher_manylinux(tag: str, than: str, arch: str) -> bool:
 
 
 # --------------------------------------------------------------------- RPATH / RUNPATH
-
-
-def origin_relative(entry: str) -> bool:
-    """Whether an RPATH/RUNPATH entry points inside the installed wheel (the only kind a wheel may carry)."""
-    return entry.startswith(("$ORIGIN", "${ORIGIN}"))
 
 
 def elf_rpaths(data: bytes) -> list[str] | None:

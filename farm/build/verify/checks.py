@@ -17,12 +17,11 @@ from packaging.version import InvalidVersion, Version
 
 from farm.arch.fatbin import FatbinReport, read_fatbin
 from farm.build.label import TORCH_FAMILY
-from farm.build.repair import origin_relative
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
 from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag
 from farm.errors import FatbinError
-from farm.platforms import from_wheel_platform_tag, lane
+from farm.platforms import from_wheel_platform_tag, lane, origin_relative
 from farm.recipes.model import Verify as VerifyKnobs
 
 # DT_NEEDED names every Linux wheel may use (SPEC 9.4): glibc's own libraries and the C++ runtime.
