@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import time
 
+from farm import settings
 from farm.errors import FarmError
 
 # One line per command group; the order is the order of `farm --help`.
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    mark = os.environ.get("FARM_START_MARK")
+    mark = settings.START_MARK.get()
     if mark:  # benchmarks measure how long a caller (e.g. nox) takes to reach the farm
         with open(mark, "w") as fh:
             fh.write(repr(time.time()))

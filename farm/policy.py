@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from farm import paths
+from farm import settings
 from farm.arch.archlist import ArchList, ArchToken, parse_token
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
@@ -69,7 +69,7 @@ class _Reader:
 
     def __init__(self, path: Path):
         self.path = path
-        self.where = paths.display(path)
+        self.where = settings.display(path)
 
     def mapping(self, data, key: str) -> Mapping:
         if not isinstance(data, Mapping):
@@ -426,4 +426,4 @@ def _load(folder: Path) -> Defaults:
 
 def load_defaults(folder: Path | str | None = None) -> Defaults:
     """Everything in defaults/ (or `folder`), validated; loaded once per folder."""
-    return _load(Path(folder or paths.defaults_dir()).resolve())
+    return _load(Path(folder or settings.defaults_dir()).resolve())

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from farm.errors import BadInput, shorten
-from farm.paths import display
+from farm.settings import display
 
 # libyaml's parser when PyYAML has it (its wheels do): ~5x faster on the recipes every process reads.
 # Typed Any: which class it is is known only at run time, and _Loader derives from it.

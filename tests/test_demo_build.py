@@ -24,7 +24,7 @@ from farm.build import provision as P
 from farm.build.compile import compile_environment, compile_wheel
 from farm.build.downloads import download
 from farm.errors import CompileFailed
-from farm.paths import PROJECT_ROOT, cache_dir
+from farm.settings import PROJECT_ROOT, cache_dir
 
 PY311 = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
 REQ = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="13.0")

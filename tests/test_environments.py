@@ -1,7 +1,7 @@
 """Step 2, environments: host-side downloads for the target, an immutable base venv with the
 cell's exact torch (checked), per-cell overlays for build_deps.
 
-All real: pip against PyPI (downloads cached under farm.paths.cache_dir()), the real
+All real: pip against PyPI (downloads cached under farm.settings.cache_dir()), the real
 torch 2.13.0 CUDA 13.0 wheel, and a venv from the host's pyenv Python 3.11.
 """
 

@@ -19,11 +19,11 @@ from farm.arch.archlist import ArchList
 from farm.build.source.git import FULL_SHA
 from farm.errors import BadInput
 from farm.matrix.grid import load_grid
-from farm.paths import PROJECT_ROOT
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes, recipe_hazards
 from farm.recipes.lines import built_lines
 from farm.recipes.reader import TOP_KEYS, load_recipe, load_recipes
+from farm.settings import PROJECT_ROOT
 
 FACTS = PROJECT_ROOT.parent / "shared" / "facts" / "packages.yml"
 RECIPES = PROJECT_ROOT / "recipes"

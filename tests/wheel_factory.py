@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 
 from farm.build.downloads import isolated_pip_env
-from farm.paths import cache_dir
 from farm.run.cachebudget import flocked
+from farm.settings import cache_dir
 
 NVCC = os.environ.get("FARM_TEST_NVCC", "/usr/local/bin/nvcc")
 GCC = os.environ.get("CC", "gcc")

@@ -6,9 +6,9 @@ restricted by a recipe's torch range and platforms when a package is named.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from farm import settings
 from farm.arch.coverage import DEAD, JIT, NATIVE, CellVerdict, cell_verdict, rank
 from farm.arch.resolve import NO_OVERRIDES, resolve
 from farm.policy import Defaults, Gpu
@@ -19,7 +19,7 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 
 def index_base() -> str:
     """Where the farm's index is served (the channels live below it)."""
-    return os.environ.get("FARM_INDEX_URL", "http://127.0.0.1:8000/").rstrip("/") + "/"
+    return settings.INDEX_URL.get().rstrip("/") + "/"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import yaml
 
-from farm import paths
+from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
 from farm.arch.fatbin import FatbinReport, read_fatbin
 from farm.errors import BadInput, FarmError
@@ -101,7 +101,7 @@ def extract_torch_libs(wheel: Path, root: Path | None = None) -> Path:
     Returns the folder that holds `torch/` (shaped like a partial site-packages).
     """
     wheel = Path(wheel)
-    dest = (root or paths.cache_dir() / "torch-libs") / wheel.name.removesuffix(".whl")
+    dest = (root or settings.cache_dir() / "torch-libs") / wheel.name.removesuffix(".whl")
     if (dest / ".complete").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -111,12 +111,12 @@ def extract_torch_libs(wheel: Path, root: Path | None = None) -> Path:
         try:
             zf = zipfile.ZipFile(wheel)
         except (zipfile.BadZipFile, OSError) as exc:
-            raise BadInput(paths.display(wheel), None, None, f"not a readable wheel: {exc}") from None
+            raise BadInput(settings.display(wheel), None, None, f"not a readable wheel: {exc}") from None
         with zf:
             members = [m for m in zf.namelist() if m == "torch/version.py"
                        or (m.startswith("torch/lib/") and _LIB.match(m.rsplit("/", 1)[-1]))]
             if "torch/version.py" not in members:
-                raise BadInput(paths.display(wheel), None, None, "not a torch wheel (no torch/version.py)")
+                raise BadInput(settings.display(wheel), None, None, "not a torch wheel (no torch/version.py)")
             tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
             try:
                 for m in members:
@@ -142,7 +142,7 @@ def _torch_dir(source: Path) -> Path:
     for c in candidates:
         if (c / "version.py").is_file() and (c / "lib").is_dir():
             return c
-    raise BadInput(paths.display(source), None, None,
+    raise BadInput(settings.display(source), None, None,
                    "neither a torch wheel nor an environment with torch (looked for torch/version.py and torch/lib)")
 
 
@@ -166,7 +166,7 @@ def measure(source: Path | str) -> Measurement:
         raise BadInput(where, "cuda", None, f"torch {version} is not a CUDA build: nothing to measure")
     libs = sorted(p for p in (torch_dir / "lib").iterdir() if _LIB.match(p.name))
     if not libs:
-        raise BadInput(paths.display(torch_dir / "lib"), None, None, f"torch {version} has no libtorch_cuda*")
+        raise BadInput(settings.display(torch_dir / "lib"), None, None, f"torch {version} has no libtorch_cuda*")
     reports = [read_fatbin(p) for p in libs]
     if platform is None:
         platform = _MACHINE_PLATFORM.get(reports[0].machine)
@@ -187,7 +187,7 @@ HEADER = """\
 
 def write_measurement(m: Measurement, path: Path | None = None) -> Path:
     """Merge one measurement into the measured file (atomically); returns its path."""
-    path = Path(path or paths.defaults_dir() / PAM_MEASURED_FILE)
+    path = Path(path or settings.defaults_dir() / PAM_MEASURED_FILE)
     loaded = load_yaml(path) if path.exists() else {}
     data = dict(cast("dict[str, Any]", loaded or {}))   # the file is this function's own: a mapping
     for key in ("x86", "aarch64", "windows"):

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.versions import cuda_tag
 
 TOOL = "ccache"
@@ -45,7 +45,8 @@ def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
 def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
     """cache_dir()/ccache/<group>; FARM_CCACHE_DIR replaces cache_dir()/ccache (a cold cache for benchmarks:
     host runner only, a container mounts cache_dir()/ccache)."""
-    root = Path(os.environ["FARM_CCACHE_DIR"]) if os.environ.get("FARM_CCACHE_DIR") else paths.cache_dir() / "ccache"
+    own = settings.CCACHE_DIR.get()
+    root = Path(own) if own else settings.cache_dir() / "ccache"
     return root / group_name(cuda, torch, links_torch)
 
 

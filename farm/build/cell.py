@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm import __version__, paths
+from farm import __version__, settings
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
 from farm.recipes.buildkey import KeyMaker, context_for
@@ -81,13 +81,13 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     if tier not in TIERS:
         raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
     if record is None:
-        record = os.environ.get("FARM_RECORD") == "1"
+        record = settings.RECORD.get() == "1"
     started = time.time()
     cell, plan = cell_plan(cell_id)
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
     check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
-    house = Path(wheelhouse or paths.wheelhouse_dir())
+    house = Path(wheelhouse or settings.wheelhouse_dir())
     keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
     farm_wheels = keys.farm_wheels(cell)   # the journal read once: the key below sees the same wheels
     for wheel in farm_wheels:
@@ -122,7 +122,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             entries = _cell_entries(house, cell.id)
             if result := up_to_date("published by the build this one waited for"):
                 return result
-        out = Path(out or paths.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
+        out = Path(out or settings.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
         if tier == "flags" and flags_minutes is None:
             flags_minutes = DEFAULT_FLAGS_MINUTES
         build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
@@ -144,7 +144,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
 
             path = write_build_record(recipe, cell, tier=tier, tier_asked=tier, out=out, key=key,
                                       runner=runner.kind, started=started, build=result.record)
-            log(f"{cell.id}: {tier} build recorded in {paths.display(path)}")
+            log(f"{cell.id}: {tier} build recorded in {settings.display(path)}")
         return result
 
 
@@ -202,7 +202,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     from farm.versions import vtuple
 
     major = vtuple(cell.cuda)[0]
-    if major >= 13 or os.environ.get("FARM_TOOLKIT_SOURCE") == "pypi":
+    if major >= 13 or settings.TOOLKIT_SOURCE.get() == "pypi":
         return
     if (runner_kind or default_kind()) == "container":
         image = images.load_image("aarch64" if cell.platform == "linux_aarch64" else "x86_64")
@@ -231,7 +231,7 @@ def _cell_lock(cell_id: str, log):
     """One build of a cell at a time on this host: its work dir is shared (cache_dir()/work/<cell>)."""
     import fcntl
 
-    folder = paths.cache_dir() / "work" / ".locks"
+    folder = settings.cache_dir() / "work" / ".locks"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{cell_id}.lock", "w") as fh:
         try:
@@ -271,7 +271,7 @@ class BuildJob:
 
     @property
     def work(self) -> Path:
-        return paths.cache_dir() / "work" / self.cell.id
+        return settings.cache_dir() / "work" / self.cell.id
 
     @property
     def log_path(self) -> Path:
@@ -327,7 +327,7 @@ def _set_up(job: BuildJob) -> _Setup:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     runner, cell = job.runner, job.cell
-    toolkit_source = os.environ.get("FARM_TOOLKIT_SOURCE")
+    toolkit_source = settings.TOOLKIT_SOURCE.get()
     if toolkit_source is None:
         # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
         # installed toolkit on the line when there is one.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import DownloadFailed, FarmError
-from farm.paths import cache_dir
 from farm.process import last_useful_lines, run
 from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
+from farm.settings import cache_dir
 from farm.versions import python_tag, vtuple
 from farm.yamlio import write_atomic
 

@@ -33,17 +33,17 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from farm import settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
 from farm.errors import EnvironmentFailed, TorchMismatch
-from farm.paths import cache_dir, defaults_dir
 from farm.process import last_useful_lines, run
 from farm.run import cachebudget
+from farm.settings import cache_dir, defaults_dir
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml
 
 # Installed next to torch in every base: cpp_extension honours MAX_JOBS only with ninja.
 BASE_PACKAGES = ("ninja",)
-DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl"
 _PYPI_PLATFORM_KEY = {"linux": "linux_x86_64", "linux_aarch64": "linux_aarch64"}
 
 _PROBE = r"""
@@ -160,7 +160,7 @@ def torch_index(torch_pin: str, cuda: str, platform: str = "linux") -> Index:
     local = torch_pin.split("+", 1)[1] if "+" in torch_pin else None
     if local is None and str(table.get(minor_of(torch_pin.split("+")[0]), "")) == cuda:
         return Index()
-    base = os.environ.get("FARM_TORCH_INDEX_URL", DEFAULT_TORCH_INDEX).rstrip("/")
+    base = settings.TORCH_INDEX_URL.get().rstrip("/")
     return Index(url=f"{base}/{cuda_tag(cuda)}", extra_url=PYPI_SIMPLE)
 
 

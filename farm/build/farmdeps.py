@@ -87,7 +87,7 @@ def farm_wheels(cell, recipes: dict, entries) -> list[FarmWheel]:
 
 def missing_line(cell_id_: str, wheel: FarmWheel, house) -> str:
     """The one line `farm build` refuses a cell with when a dependency's wheel is not published."""
-    from farm.paths import display
+    from farm.settings import display
 
     return (f"{cell_id_}: needs {wheel.recipe}'s wheel for {wheel.coords} in {display(house)}: "
             f"build it first (farm build {wheel.cell})")

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from farm import settings
 from farm.build.downloads import DownloadSet, Index, download, find_manifest
 from farm.build.libcudastub import ensure_libcuda_stub, stub_cached_toolkit
 from farm.build.toolkit import (
@@ -31,8 +32,8 @@ from farm.build.toolkit import (
     normalise_components,
 )
 from farm.errors import BadInput, ToolkitUnavailable
-from farm.paths import cache_dir
 from farm.run import cachebudget
+from farm.settings import cache_dir
 from farm.versions import vtuple
 
 
@@ -250,9 +251,10 @@ def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str]
     machine runs the cell's arch, else NVIDIA's PyPI wheels (13.x); `system`/`image` = installed
     only; `pypi` = wheels only. A 12.x line with no installed toolkit fails with one line.
     """
-    source = source or os.environ.get("FARM_TOOLKIT_SOURCE", "auto")
+    configured = settings.TOOLKIT_SOURCE.get()
+    source = source or ("auto" if configured is None else configured)
     if source not in ("auto", "pypi", "system", "image"):
-        raise BadInput("environment", "FARM_TOOLKIT_SOURCE", source, "expected auto, pypi, system or image")
+        raise BadInput("environment", settings.TOOLKIT_SOURCE.name, source, "expected auto, pypi, system or image")
     arch = arch_of(arch)
     comps = normalise_components(components)
     line = cuda_line(cuda)

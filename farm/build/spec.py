@@ -129,10 +129,10 @@ class StepSpec:
 
 
 def recipe_part(recipe: Recipe, *, requires_dist, max_jobs: int, nvcc_threads: int) -> RecipePart:
-    from farm import paths
+    from farm import settings
 
     return RecipePart(
-        name=recipe.name, version=recipe.version, where=paths.display(recipe.path), subdir=recipe.subdir,
+        name=recipe.name, version=recipe.version, where=settings.display(recipe.path), subdir=recipe.subdir,
         build_deps=tuple(recipe.build_deps), cuda_components=tuple(recipe.cuda_components), env=recipe.env,
         pre_build=recipe.pre_build, nvcc_flags=recipe.nvcc_flags or "", allow_graft=tuple(recipe.allow_graft),
         requires_dist=None if requires_dist is None else tuple(requires_dist), max_jobs=max_jobs,

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
 from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
 from farm.versions import vtuple
@@ -68,7 +69,7 @@ def host_arch() -> str:
 
 def in_container() -> bool:
     """Set by the container runner: this machine may itself be a container, so no file probes."""
-    return os.environ.get("FARM_IN_CONTAINER") == "1"
+    return settings.IN_CONTAINER.get() == "1"
 
 
 def cuda_line(cuda: str) -> str:
@@ -206,7 +207,7 @@ def inspect_toolkit(home: Path, source: str, arch: str, components: tuple[str, .
 
 def system_candidates() -> list[Path]:
     found: list[Path] = []
-    env_home = os.environ.get("FARM_CUDA_HOME")
+    env_home = settings.CUDA_HOME.get()
     paths = [Path(env_home)] if env_home else []
     for pattern in SYSTEM_GLOBS:
         paths += sorted(Path("/").glob(pattern.lstrip("/")))

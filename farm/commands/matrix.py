@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.commands.common import output_dir, output_file
 from farm.errors import UpstreamUnreadable
 from farm.matrix.grid import (
@@ -72,7 +72,7 @@ def scrape_command(args) -> int:
         _warn(message)
     changed = write_pcwm(result.pcwm, out)
     pcwm = result.pcwm
-    print(f"{'wrote' if changed else 'unchanged'} {paths.display(out)}: {len(pcwm.combos)} combos on "
+    print(f"{'wrote' if changed else 'unchanged'} {settings.display(out)}: {len(pcwm.combos)} combos on "
           f"CUDA {', '.join(pcwm.cudas)} ({result.pages} pages read)")
     return 0
 
@@ -84,14 +84,14 @@ def derive_command(args) -> int:
     source = args.pcwm or defaults.folder / PCWM_FILE
     pcwm = load_pcwm_file(source)
     for cuda in unsupported_lines(pcwm, policy):
-        _warn(f"CUDA {cuda} is in {paths.display(source)} but not in supported_cudas: skipped")
+        _warn(f"CUDA {cuda} is in {settings.display(source)} but not in supported_cudas: skipped")
     for cuda in policy.supported_cudas:
         if cuda not in pcwm.cudas:
-            _warn(f"supported CUDA {cuda} has no wheels in {paths.display(source)}: no rows")
+            _warn(f"supported CUDA {cuda} has no wheels in {settings.display(source)}: no rows")
     grid = derive(pcwm, policy)
     grid_path, phantoms_path = write_grid(grid, args.out_dir or defaults.folder)
-    print(f"wrote {paths.display(grid_path)} ({len(grid.rows)} rows) and "
-          f"{paths.display(phantoms_path)} ({len(grid.phantoms)} phantom cells)")
+    print(f"wrote {settings.display(grid_path)} ({len(grid.rows)} rows) and "
+          f"{settings.display(phantoms_path)} ({len(grid.phantoms)} phantom cells)")
     return 0
 
 
@@ -110,7 +110,7 @@ def watch_command(args) -> int:
 def pages_command(args) -> int:
     defaults = load_defaults()
     pcwm = load_pcwm(defaults.folder)
-    out = output_dir(args.out, "--out") or paths.wheelhouse_dir() / "matrix"
+    out = output_dir(args.out, "--out") or settings.wheelhouse_dir() / "matrix"
     path = write_matrix(out, pcwm, load_grid(defaults.folder))
-    print(f"wrote {paths.display(path)}")
+    print(f"wrote {settings.display(path)}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.arch.pam import measure, write_measurement
 from farm.commands.common import output_file, print_json
 from farm.policy import PAM_MEASURED_FILE, load_defaults
@@ -39,5 +39,5 @@ def measure_command(args) -> int:
     before = "unknown" if table is None else str(table)
     print(f"  table said: {before}" + ("" if table is None or table == result.arch_list else "  (differs)"))
     if written:
-        print(f"  recorded in {paths.display(written)} (overrides the table for this combo)")
+        print(f"  recorded in {settings.display(written)} (overrides the table for this combo)")
     return 0

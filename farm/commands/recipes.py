@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TypedDict
 
-from farm import paths
+from farm import settings
 from farm.commands.common import print_json
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes
@@ -33,7 +33,7 @@ def check_command(args) -> int:
     report = check_recipes(args.dir, defaults=defaults)
     for error in report.errors:           # every problem of every file, one line each
         print(f"farm: {error}", file=sys.stderr)
-    folder = paths.display(report.folder)
+    folder = settings.display(report.folder)
     lines_from = "the derived grid" if report.used_grid else "every supported CUDA line (no derived grid yet)"
     print(f"{len(report.recipes)} recipes valid, {len(report.invalid)} invalid in {folder}/ "
           f"(lines built: {lines_from})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from farm.wheelhouse.paths import default_wheelhouse
+from farm.settings import default_wheelhouse
 
 
 def _add_house(parser) -> None:

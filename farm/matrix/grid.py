@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from packaging.version import InvalidVersion, Version
 
-from farm import paths
+from farm import settings
 from farm.errors import BadInput, FarmError
 from farm.platforms import PLATFORMS, from_pcwm, to_pcwm
 from farm.policy import GridPolicy
@@ -169,7 +169,7 @@ class Pcwm:
 
 def load_pcwm(defaults_dir: Path | str | None = None) -> Pcwm:
     """defaults/scraped_torch_matrix.json, validated; cached per folder and file state."""
-    return load_pcwm_file(Path(defaults_dir or paths.defaults_dir()) / PCWM_FILE)
+    return load_pcwm_file(Path(defaults_dir or settings.defaults_dir()) / PCWM_FILE)
 
 
 def load_pcwm_file(path: Path | str) -> Pcwm:
@@ -181,8 +181,8 @@ def load_pcwm_file(path: Path | str) -> Pcwm:
 @functools.lru_cache(maxsize=8)
 def _load_pcwm(path: Path, state) -> Pcwm:
     if state is None:
-        raise BadInput(paths.display(path), None, None, "file not found (run `make matrix`)")
-    return Pcwm.from_json(path.read_text(encoding="utf-8"), paths.display(path))
+        raise BadInput(settings.display(path), None, None, "file not found (run `make matrix`)")
+    return Pcwm.from_json(path.read_text(encoding="utf-8"), settings.display(path))
 
 
 def _state(path: Path):
@@ -310,7 +310,7 @@ def write_grid(grid: Grid, out_dir: Path | str | None = None) -> tuple[Path, Pat
     """Write grid.generated.yml and phantom_combos.json, each atomically. Refuses zero rows (SPEC 3.5)."""
     if not grid.rows:
         raise FarmError("derive produced zero grid rows: refusing to write an empty grid")
-    out = Path(out_dir or paths.defaults_dir())
+    out = Path(out_dir or settings.defaults_dir())
     grid_path, phantoms_path = out / GRID_FILE, out / PHANTOMS_FILE
     write_atomic(phantoms_path, render_phantoms_json(grid))
     write_atomic(grid_path, render_grid_yaml(grid))
@@ -321,14 +321,14 @@ def write_grid(grid: Grid, out_dir: Path | str | None = None) -> tuple[Path, Pat
 
 def load_grid(defaults_dir: Path | str | None = None) -> Grid:
     """defaults/grid.generated.yml + phantom_combos.json, validated; cached per folder and file state."""
-    folder = Path(defaults_dir or paths.defaults_dir()).resolve()
+    folder = Path(defaults_dir or settings.defaults_dir()).resolve()
     grid_path, phantoms_path = folder / GRID_FILE, folder / PHANTOMS_FILE
     return _load_grid(grid_path, phantoms_path, _state(grid_path), _state(phantoms_path))
 
 
 @functools.lru_cache(maxsize=8)
 def _load_grid(grid_path: Path, phantoms_path: Path, *_states) -> Grid:
-    rows = _parse_rows(load_yaml(grid_path), paths.display(grid_path))
+    rows = _parse_rows(load_yaml(grid_path), settings.display(grid_path))
     grid = Grid(rows, frozenset())
     return Grid(rows, _parse_phantoms(phantoms_path, grid))
 
@@ -381,7 +381,7 @@ def _parse_rows(data, where: str) -> tuple[GridRow, ...]:
 
 
 def _parse_phantoms(path: Path, grid: Grid) -> frozenset[tuple[str, str, str, str]]:
-    where = paths.display(path)
+    where = settings.display(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

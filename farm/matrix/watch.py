@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.errors import BadInput
 from farm.matrix.grid import PCWM_FILE, Grid, GridRow, Pcwm, cell_key, derive, load_grid, load_pcwm
 from farm.matrix.upstream import scrape
@@ -159,7 +159,7 @@ def checklist(cuda: str, live: Pcwm, defaults: Defaults) -> tuple[tuple[Task, ..
     folder = defaults.folder
 
     def shown(name):
-        return paths.display(folder / name)
+        return settings.display(folder / name)
 
     has_arm = any(c.cuda == cuda and c.platform == "linux_aarch64" for c in live.combos)
     tasks = [

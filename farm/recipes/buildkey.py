@@ -90,8 +90,8 @@ class KeyMaker:
         if not self.recipes[cell.recipe_name].build_requires_farm:
             return []
         if self._entries is None:
+            from farm.settings import default_wheelhouse
             from farm.wheelhouse import read_journal
-            from farm.wheelhouse.paths import default_wheelhouse
 
             self._entries = by_project(read_journal(default_wheelhouse(self.wheelhouse)).entries)
         return farm_wheels(cell, self.recipes, self._entries)

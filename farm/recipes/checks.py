@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.arch.resolve import Hazard, fallback_hazards
 from farm.errors import BadInput, FarmError, RecipeProblems, shorten
 from farm.policy import Defaults, frozen, load_defaults
@@ -35,7 +35,7 @@ class CheckReport:
 def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> CheckReport:
     """Validate every recipe file on its own (so one bad file does not hide the others), report every
     problem of each, and collect hazards. Unlike loading, a `path` source must exist here."""
-    folder = Path(folder or paths.recipes_dir()).resolve()
+    folder = Path(folder or settings.recipes_dir()).resolve()
     defaults = defaults or load_defaults()
     stray = folder_problems(folder)
     errors: list[FarmError] = list(stray)
@@ -53,12 +53,12 @@ def check_recipes(folder: Path | str | None = None, defaults: Defaults | None = 
         except FarmError as exc:
             errors.append(exc)
         except Exception as exc:   # noqa: BLE001 - a checker reports every file: a bug in one is one line too
-            errors.append(BadInput(paths.display(f), None, None,
+            errors.append(BadInput(settings.display(f), None, None,
                                    f"could not be checked ({type(exc).__name__}: {shorten(str(exc), 100)}): a farm bug"))
-        invalid.append(paths.display(f))
+        invalid.append(settings.display(f))
     for problem in collisions(recipes):
         errors.append(problem)
-        invalid.append(paths.display(recipes.pop(str(problem.value)).path))   # the value: the second one's name
+        invalid.append(settings.display(recipes.pop(str(problem.value)).path))   # the value: the second one's name
     try:
         check_build_order(recipes)
     except BadInput as exc:

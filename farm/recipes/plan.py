@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm import paths
+from farm import settings
 from farm.arch.resolve import NO_OVERRIDES
 from farm.errors import BadInput
 from farm.policy import Defaults, load_defaults
@@ -133,7 +133,7 @@ def in_shard(cells: Iterable[Cell], shard: tuple[int, int] | None) -> list[Cell]
 def inputs_digest() -> str:
     """Hash of every file under defaults/ and recipes/ (and the planner's own code)."""
     h = hashlib.sha256()
-    roots = [paths.defaults_dir(), paths.recipes_dir()]
+    roots = [settings.defaults_dir(), settings.recipes_dir()]
     code = [Path(__file__).with_name(n) for n in ("cells.py", "plan.py", "grid.py", "recipes.py", "arches.py")]
     for root in roots:
         for path in sorted(root.rglob("*")) if root.is_dir() else ():
@@ -147,7 +147,7 @@ def inputs_digest() -> str:
 
 def session_index() -> list[tuple[str, tuple[str, ...]]]:
     """(cell id, tags) of the whole plan, cached by inputs_digest()."""
-    cache = paths.cache_dir() / "plan" / f"sessions-{inputs_digest()}.json"
+    cache = settings.cache_dir() / "plan" / f"sessions-{inputs_digest()}.json"
     try:
         return [(i, tuple(t)) for i, t in json.loads(cache.read_text())]
     except (OSError, ValueError):

@@ -20,7 +20,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from farm import paths
+from farm import settings
 from farm.arch.resolve import ArchOverrides
 from farm.errors import BadInput, RecipeProblems, shorten
 from farm.platforms import ARM_LANE, X86_LANE
@@ -281,7 +281,7 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
 def check_references(recipe: Recipe, names: Iterable[str]) -> None:
     """`{VER:x}`, `{LOCAL:x}` and `build_requires_farm` must name recipes that exist."""
     names = set(names)
-    where = paths.display(recipe.path)
+    where = settings.display(recipe.path)
     for i, req in enumerate(recipe.requires_dist or ()):
         for ph, arg in placeholders_in(req):
             if arg and arg not in names:
@@ -297,7 +297,7 @@ def check_references(recipe: Recipe, names: Iterable[str]) -> None:
 
 def _check_toolkits(recipe: Recipe, defaults: Defaults, grid, pcwm) -> None:
     """Each lane's lists against the toolkits of the lines that lane builds (SPEC 4.6: an error, never a drop)."""
-    where = paths.display(recipe.path)
+    where = settings.display(recipe.path)
     built = built_lines(recipe, defaults, grid, pcwm)
     arch = recipe.arch
     # check_toolkits walks both lanes with one set of lines: give it one lane at a time.
@@ -328,7 +328,7 @@ def _fingerprint(folder: Path, defaults: Defaults) -> tuple:
 def recipe_files(folder: Path | str | None = None) -> list[Path]:
     """Every `<name>.yml` in the folder (a folder named so too: reading it says what it is), hidden
     files (editor locks like `.#x.yml`) aside."""
-    folder = Path(folder or paths.recipes_dir())
+    folder = Path(folder or settings.recipes_dir())
     return sorted(f for f in folder.glob("*.yml") if not f.name.startswith("."))
 
 
@@ -337,9 +337,9 @@ def folder_problems(folder: Path) -> list[BadInput]:
     as "no recipes"), and so is a `.yaml` file in it: the farm reads only `<name>.yml`, and a recipe
     it skipped without a word would never be built."""
     if not folder.is_dir():
-        raise BadInput(paths.display(folder), None, None,
+        raise BadInput(settings.display(folder), None, None,
                        "not a folder" if folder.exists() else "no such recipes folder")
-    return [BadInput(paths.display(f), None, None,
+    return [BadInput(settings.display(f), None, None,
                      f"recipes are read only from <name>.yml files: rename it to {shorten(f.stem, 60)}.yml "
                      "or move it out of the recipes folder")
             for f in sorted(folder.iterdir())
@@ -355,8 +355,8 @@ def collisions(recipes: Mapping[str, Recipe]) -> list[BadInput]:
         project = canonicalize_name(name)
         other = first.setdefault(project, recipes[name])
         if other is not recipes[name]:
-            out.append(BadInput(paths.display(recipes[name].path), "name", name,
-                                f"the same project as {other.name!r} of {paths.display(other.path)} once "
+            out.append(BadInput(settings.display(recipes[name].path), "name", name,
+                                f"the same project as {other.name!r} of {settings.display(other.path)} once "
                                 f"normalised ({project!r}): their wheels would collide"))
     return out
 
@@ -364,7 +364,7 @@ def collisions(recipes: Mapping[str, Recipe]) -> list[BadInput]:
 def load_recipes(folder: Path | str | None = None, defaults: Defaults | None = None) -> dict[str, Recipe]:
     """Every recipes/<name>.yml, validated with cross-references; cached per folder and file mtimes.
     The first problem is raised (one line); `check_recipes` reports every one."""
-    folder = Path(folder or paths.recipes_dir()).resolve()
+    folder = Path(folder or settings.recipes_dir()).resolve()
     defaults = defaults or load_defaults()
     stray = folder_problems(folder)
     key = _fingerprint(folder, defaults)
@@ -398,7 +398,7 @@ def check_build_order(recipes: Mapping[str, Recipe]) -> None:
         if state.get(name) == 1:
             loop = trail[trail.index(name):] + [name]
             recipe = recipes[trail[-1]]
-            raise BadInput(paths.display(recipe.path), "build_requires_farm", name,
+            raise BadInput(settings.display(recipe.path), "build_requires_farm", name,
                            f"build dependency loop: {shorten(' -> '.join(loop))}")
         state[name] = 1
         for dep in recipes[name].build_requires_farm:

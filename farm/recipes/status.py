@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm import __version__, paths
+from farm import __version__, settings
 from farm.errors import BadInput, shorten
 from farm.recipes.cells import cell_id
 from farm.yamlio import write_atomic
@@ -34,7 +34,7 @@ COLUMNS = ("recipe", "source pin", "patches", "tier", "cell", "wall", "peak mem"
 
 
 def records_dir() -> Path:
-    return paths.recipes_dir() / "records"
+    return settings.recipes_dir() / "records"
 
 
 def status_cell_id(recipe) -> str:
@@ -89,7 +89,7 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
 
     state = _read_json(out / "steps.json")
     source = state.get("source") or {}
-    work_src = Path(source.get("work_dir") or paths.cache_dir() / "work" / cell.id / "src")
+    work_src = Path(source.get("work_dir") or settings.cache_dir() / "work" / cell.id / "src")
     report = _read_json(out / "verify.json")
     arches: dict[str, Any] = next((c for c in report.get("checks", []) if c.get("name") == "arches"), {})
     union = (arches.get("details") or {}).get("union") or {}
@@ -127,7 +127,7 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
         record["tier_asked"] = tier_asked
         line = first_error(out / "compile.log") if "compile" in (state.get("failed") or {}) else None
         line = line or re.sub(r"\s*\(log: [^)]*\)$", "", reason or "")
-        record["reason"] = shorten(_portable(line, work_src, out, paths.PROJECT_ROOT))
+        record["reason"] = shorten(_portable(line, work_src, out, settings.PROJECT_ROOT))
     return _write(recipe.name, record)
 
 
@@ -148,7 +148,7 @@ def read_records(folder: Path) -> dict[str, dict]:
     """Every `<name>.json` in `folder`, checked: a bad one is refused naming the file, key and value."""
     records = {}
     for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
-        where = paths.display(path)
+        where = settings.display(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -282,8 +282,8 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
     records = read_records(folder)
     recipes = load_recipes()
     rows = status_rows(recipes, records)
-    target = Path(out or paths.PROJECT_ROOT / STATUS_DOC)
-    write_atomic(target, render_markdown(rows, paths.display(folder)))
+    target = Path(out or settings.PROJECT_ROOT / STATUS_DOC)
+    write_atomic(target, render_markdown(rows, settings.display(folder)))
     stale = sorted(set(records) - set(recipes))
     text = render_text(rows) + (f"records without a recipe (ignored): {', '.join(stale)}\n" if stale else "")
     return text, target
@@ -314,7 +314,7 @@ def register_verbs(verbs) -> None:
 def status_command(args) -> int:
     text, target = generate(args.records, args.out)
     print(text, end="")
-    print(f"wrote {paths.display(target)}")
+    print(f"wrote {settings.display(target)}")
     return 0
 
 
@@ -323,7 +323,7 @@ def _known(name: str):
 
     recipes = load_recipes()
     if name not in recipes:
-        raise BadInput("farm recipes", "name", name, f"no such recipe in {paths.display(paths.recipes_dir())}/")
+        raise BadInput("farm recipes", "name", name, f"no such recipe in {settings.display(settings.recipes_dir())}/")
     return recipes[name]
 
 
@@ -333,7 +333,7 @@ def block_command(args) -> int:
         raise BadInput("farm recipes block", "--why", args.why, "say what blocks it in one non-empty line")
     recipe = _known(args.name)
     path = write_blocked_record(recipe.name, why, status_cell_id(recipe), args.records)
-    print(f"{recipe.name}: blocked ({why}); recorded in {paths.display(path)}")
+    print(f"{recipe.name}: blocked ({why}); recorded in {settings.display(path)}")
     return 0
 
 
@@ -357,7 +357,7 @@ def rebuild_command(args) -> int:
             failed.append(cell)
     text, target = generate()
     print(text, end="")
-    print(f"wrote {paths.display(target)}")
+    print(f"wrote {settings.display(target)}")
     if failed:
         print(f"farm: {len(failed)} of {len(cells)} builds failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -16,7 +16,7 @@ from typing import NoReturn
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from farm import paths
+from farm import settings
 from farm.arch.archlist import ArchList, parse_token
 from farm.build import gitsparse
 from farm.errors import BadInput, shorten
@@ -77,7 +77,7 @@ class Reader:
 
     def __init__(self, path: Path, check_paths: bool = False):
         self.path = path
-        self.where = paths.display(path)
+        self.where = settings.display(path)
         self.problems: list[BadInput] = []
         self.check_paths = check_paths      # a `path` source must exist on this machine
 
@@ -203,8 +203,8 @@ def read_source(r: Reader, value, key: str) -> Source:
         # Relative paths belong to the recipe file, not to wherever the farm happens to run.
         target = _local_path(r, text, f"{key}.path", r.path.parent)
         if r.check_paths and not os.path.isdir(target):
-            r.fail(f"{key}.path", text, f"no such folder ({shorten(paths.display(target), 120)})"
-                   if not os.path.exists(target) else f"not a folder ({shorten(paths.display(target), 120)})")
+            r.fail(f"{key}.path", text, f"no such folder ({shorten(settings.display(target), 120)})"
+                   if not os.path.exists(target) else f"not a folder ({shorten(settings.display(target), 120)})")
         return Source("path", path=target, path_text=text)
     body = r.mapping(body, f"{key}.{kind}")
     if kind == "git":
@@ -412,7 +412,7 @@ def read_patches(r: Reader, value, name: str, recipes_folder: Path) -> tuple[Pat
         if folder not in target.parents:
             r.fail(f"{key}.file", file, f"must be a file under recipes/patches/{name}/")
         if not os.path.isfile(target):
-            r.fail(f"{key}.file", file, f"no such file {paths.display(folder)}/{shorten(file, 80)}")
+            r.fail(f"{key}.file", file, f"no such file {settings.display(folder)}/{shorten(file, 80)}")
         if not file.endswith((".patch", ".diff", ".py")):
             r.fail(f"{key}.file", file, "expected a .patch/.diff (git apply) or a .py patch_script")
         when = {}

@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm import settings
 from farm.errors import FarmError
-from farm.paths import cache_dir
+from farm.settings import cache_dir
 from farm.yamlio import write_atomic
 
 MARKER = ".farm-complete.json"
@@ -201,12 +202,12 @@ class Usage:
 
 
 def budget_bytes() -> int | None:
-    raw = os.environ.get("FARM_CACHE_BUDGET_GB", "").strip()
+    raw = (settings.CACHE_BUDGET_GB.get() or "").strip()
     try:
         gb = float(raw) if raw else DEFAULT_BUDGET_GB
     except ValueError:
         from farm.errors import BadInput
-        raise BadInput("environment", "FARM_CACHE_BUDGET_GB", raw, "expected a number of GB (0 = unlimited)") from None
+        raise BadInput("environment", settings.CACHE_BUDGET_GB.name, raw, "expected a number of GB (0 = unlimited)") from None
     return None if gb <= 0 else int(gb * 1024**3)
 
 
@@ -244,7 +245,7 @@ def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) 
     entries = usage(root)
     total = sum(u.size for u in entries)
     if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
-        reserve = int(float(os.environ.get("FARM_CACHE_RESERVE_GB", "10")) * 1024**3)
+        reserve = int(float(settings.CACHE_RESERVE_GB.get()) * 1024**3)
         budget = min(budget, total + shutil.disk_usage(root).free - reserve)
     removed: list[Path] = []
     if total <= budget:

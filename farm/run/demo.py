@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.arch.find import PYPI_SIMPLE
 from farm.build.cell import build_cell
 from farm.errors import DemoFailed
@@ -32,8 +32,8 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     from farm.wheelhouse.serve import make_server
 
     cell_id = cell_id or DEMO_CELL
-    house = Path(wheelhouse or paths.wheelhouse_dir())
-    build_dir = Path(build_dir or paths.PROJECT_ROOT / "build")
+    house = Path(wheelhouse or settings.wheelhouse_dir())
+    build_dir = Path(build_dir or settings.PROJECT_ROOT / "build")
     result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log, out=build_dir / cell_id)
     wheel = result.wheel
     assert wheel is not None   # the full tier: only `flags` builds no wheel

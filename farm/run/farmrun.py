@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.recipes.plan import Filters
 from farm.run.scheduling import Scheduler, default_jobs, mem_available_gb
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
@@ -65,7 +65,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
     display = Display(plain=options.plain, stream=out)
     sel = select(options.filters, shard=options.shard, runner=options.runner, wheelhouse=options.wheelhouse)
-    build_dir = Path(options.build_dir or paths.PROJECT_ROOT / "build")
+    build_dir = Path(options.build_dir or settings.PROJECT_ROOT / "build")
     unbuildable_total = sum(len(v) for v in sel.unbuildable.values())
     display.line(f"farm run {run_id}: {len(sel.todo) + len(sel.skipped) + unbuildable_total} cells planned: "
                  f"{len(sel.skipped)} already built (skipped), {len(sel.todo)} to build, "

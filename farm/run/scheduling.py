@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm import paths
+from farm import settings
 from farm.process import useful_lines
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
@@ -184,7 +184,7 @@ class Scheduler:
         if not self.compiler_cache:
             argv.append("--no-compiler-cache")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            x for x in (str(paths.PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if x)}
+            x for x in (str(settings.PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if x)}
         with open(out, "ab") as fh:
             fh.write(f"# attempt {cell.attempts}: {' '.join(argv)}\n".encode())
             fh.flush()

@@ -276,8 +276,8 @@ def select(filters: Filters, *, shard: tuple[int, int] | None = None, runner: st
     """The cells of `plan` (default: the full plan) that `filters` and `shard` select, sorted into
     todo (with what they need), skipped (built) and unbuildable here."""
     from farm.recipes.buildkey import KeyMaker
+    from farm.settings import default_wheelhouse
     from farm.wheelhouse import built_keys
-    from farm.wheelhouse.paths import default_wheelhouse
 
     plan = plan or full_plan()
     runner = resolve_runner(runner)

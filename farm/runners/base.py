@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from farm.paths import PROJECT_ROOT, cache_dir
 from farm.runners.engine import Mount
+from farm.settings import PROJECT_ROOT, cache_dir
 
 RUNNER_KINDS = ("container", "host")
 ENTRYPOINT_MODULE = "farm.build.steps"

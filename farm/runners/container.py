@@ -21,8 +21,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from farm import settings
 from farm.errors import RunnerError
-from farm.paths import PROJECT_ROOT, cache_dir
 from farm.process import last_line, run
 from farm.runners import images
 from farm.runners.base import (
@@ -35,6 +35,7 @@ from farm.runners.base import (
     standard_mounts,
 )
 from farm.runners.engine import Engine, Limits, Mount
+from farm.settings import PROJECT_ROOT, cache_dir
 
 TOOLS_TARGET = "/farm/tools"
 
@@ -180,7 +181,7 @@ class ContainerRunner:
 
             all_mounts += [Mount(src, dst, read_only=True) for src, dst in fake_arm_cpu(cache_dir() / "emulation")]
         # FARM_IN_CONTAINER: the toolkit step names an installed toolkit `image`, not `system`.
-        step_env = {"FARM_CACHE": CACHE_TARGET, "FARM_IN_CONTAINER": "1", "PYTHONUNBUFFERED": "1", **env}
+        step_env = {settings.CACHE.name: CACHE_TARGET, settings.IN_CONTAINER.name: "1", "PYTHONUNBUFFERED": "1", **env}
         # The project is importable from its read-only mount, ahead of anything the caller adds.
         step_env["PYTHONPATH"] = ":".join(x for x in (PROJECT_TARGET, env.get("PYTHONPATH", "")) if x)
         workdir = WORK_TARGET if any(m.target == WORK_TARGET for m in all_mounts) else None

@@ -10,16 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from farm import settings
 from farm.errors import BadInput
 
-EMULATED_JOBS_ENV = "FARM_EMULATED_JOBS"
 DEFAULT_EMULATED_JOBS = 1
 
 
 def emulated_concurrency(environ: Mapping[str, str] | None = None) -> int:
     """How many emulated cells may build at once (a positive integer; default 1)."""
     environ = os.environ if environ is None else environ
-    raw = environ.get(EMULATED_JOBS_ENV, "").strip()
+    raw = (settings.EMULATED_JOBS.get(environ) or "").strip()
     if not raw:
         return DEFAULT_EMULATED_JOBS
     try:
@@ -27,7 +27,7 @@ def emulated_concurrency(environ: Mapping[str, str] | None = None) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise BadInput("environment", EMULATED_JOBS_ENV, raw, "must be a whole number of at least 1")
+        raise BadInput("environment", settings.EMULATED_JOBS.name, raw, "must be a whole number of at least 1")
     return value
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm import settings
 from farm.errors import EngineError, EngineUnavailable
 
 ENGINE_NAMES = ("docker", "podman")
@@ -69,7 +70,7 @@ def _docker_platform(arch: str) -> str:
 def engine_cwd() -> str:
     """Where engine commands run: conmon (podman < 5.2) creates an empty `oom` file in its working
     directory when a container is OOM-killed, which must not land in the caller's checkout."""
-    from farm.paths import cache_dir
+    from farm.settings import cache_dir
 
     folder = cache_dir() / "engine-cwd"
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ class Engine:
     @classmethod
     def detect(cls) -> Engine:
         """FARM_ENGINE, else the first of docker, podman whose `info` answers."""
-        wanted = os.environ.get("FARM_ENGINE", "").strip()
+        wanted = (settings.ENGINE.get() or "").strip()
         candidates = [wanted] if wanted else list(ENGINE_NAMES)
         why: list[str] = []
         for cand in candidates:

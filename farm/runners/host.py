@@ -18,10 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from farm.errors import BadInput
-from farm.paths import PROJECT_ROOT
 from farm.runners import images
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
+from farm.settings import PROJECT_ROOT
 
 
 @lru_cache(maxsize=1)

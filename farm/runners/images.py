@@ -25,11 +25,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from farm import settings
 from farm.errors import BadInput, EngineError, ImageError
-from farm.paths import PROJECT_ROOT, cache_dir
 from farm.platforms import plat_glibc
 from farm.process import last_line, run
 from farm.runners.engine import Engine, Mount
+from farm.settings import PROJECT_ROOT, cache_dir
 from farm.yamlio import write_atomic
 
 DOCKER_DIR = PROJECT_ROOT / "docker"
@@ -38,7 +39,6 @@ INSTALL_SCRIPT = DOCKER_DIR / "install-deps.sh"
 ARCHES = ("x86_64", "aarch64")
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 SUITE = "bookworm"
-DEBIAN_MIRROR = os.environ.get("FARM_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PRODUCTION_BASE = "quay.io/pypa/manylinux_2_28_{arch}"
 # Bump when the way a base tarball is made changes (not its inputs, those are hashed).
 _BASE_RECIPE_VERSION = 1
@@ -138,7 +138,7 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
     root = work / "root"
     try:
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
-               "--include=" + ",".join(recipe["include"]), SUITE, str(root), DEBIAN_MIRROR]
+               "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.get()]
         _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
         with open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)

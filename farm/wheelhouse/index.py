@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from farm.errors import BadInput, ShrinkRefused
-from farm.paths import display
+from farm.settings import display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.manifest import KEEP_PER_CELL, ManifestEntry, fsync_dir, step

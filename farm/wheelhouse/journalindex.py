@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import BadInput
-from farm.paths import display
+from farm.settings import display
 from farm.wheelhouse.manifest import (
     CACHE,
     MANIFEST,

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote, urljoin
 
 from farm.errors import BadInput, FarmError, shorten
-from farm.paths import display
+from farm.settings import default_wheelhouse, display
 from farm.wheelhouse.index import (
     COMPAT,
     FILES,
@@ -43,7 +43,6 @@ from farm.wheelhouse.manifest import (
     scan,
     step,
 )
-from farm.wheelhouse.paths import default_wheelhouse
 
 _HREF = re.compile(rb'<a [^>]*href="([^"]*)"')
 

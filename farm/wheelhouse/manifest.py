@@ -40,8 +40,9 @@ from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from farm import settings
 from farm.errors import BadInput, FarmError
-from farm.paths import display
+from farm.settings import display
 
 MANIFEST = "manifest.jsonl"
 LOCK = ".lock"
@@ -119,14 +120,14 @@ def step(name: str) -> None:
     """
     global _steps
     _steps += 1
-    log = os.environ.get("FARM_WHEELHOUSE_STEPS")
+    log = settings.WHEELHOUSE_STEPS.get()
     if log:
         with open(log, "a") as fh:
             fh.write(f"{_steps} {name}\n")
-    fd = os.environ.get("FARM_WHEELHOUSE_STEP_FD")
+    fd = settings.WHEELHOUSE_STEP_FD.get()
     if fd:
         os.write(int(fd), b".")
-    at = os.environ.get("FARM_WHEELHOUSE_FAULT_AT")
+    at = settings.WHEELHOUSE_FAULT_AT.get()
     if at and int(at) == _steps:
         os._exit(137)
 
@@ -369,7 +370,7 @@ def append_records(root: Path, lines: Iterable[str]) -> list[str]:
                                     "`farm index recover` repairs it")
                 os.ftruncate(fd, keep)
         step("manifest: before append")
-        fault = os.environ.get("FARM_WHEELHOUSE_FAULT_AT")
+        fault = settings.WHEELHOUSE_FAULT_AT.get()
         if fault and int(fault) == _steps + 1:
             os.write(fd, payload[: max(1, len(payload) // 2)])  # a torn append, as a crash mid-write leaves it
         step("manifest: torn append")

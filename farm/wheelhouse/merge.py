@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.errors import BadInput
-from farm.paths import display
+from farm.settings import display
 from farm.wheelhouse.index import FILES
 from farm.wheelhouse.maintain import file_sha256
 from farm.wheelhouse.manifest import read_journal

@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import BadInput, PublishConflict
-from farm.paths import display
+from farm.settings import display
 from farm.versions import minor_of
 from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
 from farm.wheelhouse.journalindex import JournalIndex, Summary

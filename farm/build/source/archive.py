@@ -24,6 +24,7 @@ from filelock import FileLock
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
+from farm import settings
 from farm.build.source.base import Fetched, check_sha256, sources_cache, unsafe_name
 from farm.errors import BadInput, SourceError, UnsafeArchive
 
@@ -33,7 +34,7 @@ HTTP_TIMEOUT = (15, 300)
 
 def pypi_index() -> str:
     """PyPI's base URL (a setting: FARM_PYPI_URL)."""
-    return os.environ.get("FARM_PYPI_URL", "https://pypi.org").rstrip("/")
+    return settings.PYPI_URL.get().rstrip("/")
 
 
 def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from farm.errors import BadInput
-from farm.paths import cache_dir
 from farm.process import last_line
+from farm.settings import cache_dir
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from farm.build.source.base import (
     Fetched,
 )
 from farm.errors import BadInput
-from farm.paths import PROJECT_ROOT, display
+from farm.settings import PROJECT_ROOT, display
 
 # Left out of a local path copy and its digest: artefacts of earlier in-place builds.
 _PATH_IGNORED_ANYWHERE = ("__pycache__", "*.egg-info", ".git", "*.pyc")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from farm.build.source.base import git_error_line, inside
 from farm.errors import BadInput, PatchFailed
-from farm.paths import display
 from farm.process import run
 from farm.recipes.model import when_matches
+from farm.settings import display
 
 
 def apply_patches(

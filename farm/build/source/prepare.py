@@ -27,7 +27,7 @@ from farm.build.source.git import FULL_SHA, checkout, ensure_mirror, fetch_git, 
 from farm.build.source.local import copy_path
 from farm.build.source.patches import apply_patches
 from farm.errors import BadInput
-from farm.paths import recipes_dir
+from farm.settings import recipes_dir
 
 
 @dataclass(frozen=True)
