@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from farm import settings
+from farm.process import run
 from farm.versions import cuda_tag
 
 TOOL = "ccache"
@@ -62,8 +62,7 @@ def ensure_ccache(log=print) -> str | None:
     log("ccache: not installed; apt-get install -y ccache")
     for cmd in (["apt-get", "install", "-y", "-q", TOOL], ["apt-get", "update", "-q"],
                 ["apt-get", "install", "-y", "-q", TOOL]):
-        done = subprocess.run(cmd, capture_output=True, text=True,
-                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        done = run(cmd, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         if cmd[1] == "install" and done.returncode == 0:
             break
     return find_ccache()
@@ -109,7 +108,7 @@ def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict:
         Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
     if env.get("CCACHE_STATSLOG"):
         Path(env["CCACHE_STATSLOG"]).unlink(missing_ok=True)   # this build's lines only
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    version = run([exe, "--version"]).stdout.split("\n")[0]
     return {"active": True, "ccache": exe, "version": version.replace("ccache version ", "").strip()}
 
 

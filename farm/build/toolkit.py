@@ -33,6 +33,7 @@ from pathlib import Path
 from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
 from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
+from farm.process import run
 from farm.versions import vtuple
 
 # cuda-toolkit extras every toolkit gets (the compiler, runtime, CCCL) ...
@@ -142,9 +143,8 @@ class Toolkit:
     def _probe(self, t: ArchToken) -> bool:
         """Arch-/family-specific targets are not listed by --list-gpu-code: ask nvcc to plan one."""
         code = f"{t.sm}{t.variant}"
-        proc = subprocess.run([str(self.nvcc), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull,
-                               f"-gencode=arch=compute_{code},code=sm_{code}"],
-                              capture_output=True, text=True)
+        proc = run([self.nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull,
+                    f"-gencode=arch=compute_{code},code=sm_{code}"])
         return proc.returncode == 0
 
     def require(self, arch_list: ArchList, cell: str = "") -> None:
@@ -179,7 +179,7 @@ class Toolkit:
 def nvcc_version(nvcc: Path) -> tuple[str, str] | None:
     """(line, full version) from `nvcc --version`, or None when it does not run."""
     try:
-        proc = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60)
+        proc = run([nvcc, "--version"], timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = _RELEASE.search(proc.stdout)
@@ -187,7 +187,7 @@ def nvcc_version(nvcc: Path) -> tuple[str, str] | None:
 
 
 def _nvcc_list(nvcc: Path, flag: str) -> tuple[str, ...]:
-    proc = subprocess.run([str(nvcc), flag], capture_output=True, text=True, timeout=60)
+    proc = run([nvcc, flag], timeout=60)
     if proc.returncode != 0:
         raise ToolkitUnavailable(f"{nvcc} {flag} failed: {(proc.stderr or proc.stdout).strip()[:200]}")
     return tuple(proc.stdout.split())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.errors import EngineError, EngineUnavailable
+from farm.process import last_line, run
 
 ENGINE_NAMES = ("docker", "podman")
 # The docker client answers `--version` without an engine; `info` needs the engine itself.
@@ -348,8 +349,8 @@ def ensure_engine(setup: bool = True) -> Engine:
         script = Path(__file__).resolve().parent.parent / "scripts" / "setup-engine.sh"
         if not setup or not script.exists():
             raise
-        p = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+        p = run(["sh", script])
         if p.returncode != 0:
-            last = (p.stdout + p.stderr).strip().splitlines()
-            raise EngineUnavailable(f"{first}; setup-engine.sh failed: {last[-1] if last else p.returncode}") from None
+            last = last_line(p.stdout + p.stderr, default=str(p.returncode))
+            raise EngineUnavailable(f"{first}; setup-engine.sh failed: {last}") from None
         return Engine.detect()

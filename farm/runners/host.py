@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from farm.errors import BadInput
+from farm.process import run
 from farm.runners import images
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
@@ -28,7 +29,7 @@ from farm.settings import PROJECT_ROOT
 def _can_unshare_net() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode == 0
+    return run(["unshare", "--net", "--", "true"]).returncode == 0
 
 
 class HostRunner:

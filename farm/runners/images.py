@@ -438,7 +438,7 @@ def setup_qemu(quiet: bool = False) -> str:
     if not QEMU_BINFMT_CONF.exists():
         raise ImageError(f"cannot register qemu-aarch64: {QEMU_BINFMT_CONF} missing (run `make setup-engine`)")
     if not (BINFMT / "register").exists():
-        p = subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], capture_output=True, text=True)
+        p = run(["mount", "-t", "binfmt_misc", "binfmt_misc", BINFMT])
         if p.returncode != 0:
             raise ImageError(f"cannot mount binfmt_misc at {BINFMT}: {p.stderr.strip() or p.returncode}")
     if entry.exists():  # registered but disabled
