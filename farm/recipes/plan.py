@@ -11,7 +11,6 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm import settings
@@ -134,7 +133,9 @@ def inputs_digest() -> str:
     """Hash of every file under defaults/ and recipes/ (and the planner's own code)."""
     h = hashlib.sha256()
     roots = [settings.defaults_dir(), settings.recipes_dir()]
-    code = [Path(__file__).with_name(n) for n in ("cells.py", "plan.py", "grid.py", "recipes.py", "arches.py")]
+    # The planner's code: whole stage packages, so a module split off one of them still counts.
+    farm_dir = settings.PROJECT_ROOT / "farm"
+    code = [p for pkg in ("recipes", "matrix", "arch") for p in sorted((farm_dir / pkg).glob("*.py"))]
     for root in roots:
         for path in sorted(root.rglob("*")) if root.is_dir() else ():
             if path.is_file():

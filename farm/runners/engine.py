@@ -346,7 +346,7 @@ def ensure_engine(setup: bool = True) -> Engine:
     try:
         return Engine.detect()
     except EngineUnavailable as first:
-        script = Path(__file__).resolve().parent.parent / "scripts" / "setup-engine.sh"
+        script = settings.PROJECT_ROOT / "scripts" / "setup-engine.sh"
         if not setup or not script.exists():
             raise
         p = run(["sh", script])
