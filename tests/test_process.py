@@ -1,0 +1,41 @@
+"""farm.process: the one way a child's failure becomes one line."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from farm.errors import SourceError
+from farm.process import last_line, last_useful_lines, run, useful_lines
+
+
+def test_useful_lines_are_stripped_non_blank_and_skip_what_is_asked(tmp_path):
+    text = "  one \n\n[notice] pip is old\n two\n"
+    assert useful_lines(text) == ["one", "[notice] pip is old", "two"]
+    assert useful_lines(text, skip=lambda ln: ln.startswith("[notice]")) == ["one", "two"]
+    log = tmp_path / "build.log"
+    log.write_bytes(b"ok\n\xff bad byte\n")
+    assert useful_lines(log) == ["ok", "\ufffd bad byte"]
+
+
+def test_last_line_prefers_the_matching_line_then_the_last_then_the_default():
+    git = "hint: x\nerror: first\nfatal: second\ntrailer\n"
+    is_error = lambda ln: ln.startswith(("fatal:", "error:"))  # noqa: E731
+    assert last_line(git, prefer=is_error) == "fatal: second"
+    assert last_line(git, prefer=is_error, first=True) == "error: first"
+    assert last_line("a\nb\n", prefer=is_error) == "b"
+    assert last_line("\n \n") == "no output"
+    assert last_line("", default="?") == "?"
+    assert last_line("x" * 500, limit=300) == "x" * 300
+    assert last_useful_lines("a\nb\nc\n", 2) == ["b", "c"]
+
+
+def test_run_raises_the_given_error_with_what_and_the_explaining_line(tmp_path):
+    fail = [sys.executable, "-c", "import sys; print('noise', file=sys.stderr); sys.exit('fatal: broken')"]
+    with pytest.raises(SourceError) as err:
+        run(fail, cwd=tmp_path, error=SourceError, what="git fetch failed")
+    assert str(err.value) == "git fetch failed: fatal: broken" and err.value.exit_code == 1
+    proc = run(fail)                      # without `error` the caller reads the exit code
+    assert proc.returncode == 1 and "noise" in proc.stderr
+    assert run([sys.executable, "-c", "print(42)"], env={"PATH": ""}).stdout == "42\n"
