@@ -38,6 +38,13 @@ class Setting:
         """The value in the environment now (os.environ unless given), else the default."""
         return (os.environ if environ is None else environ).get(self.name, self.default)
 
+    def value(self, environ: Mapping[str, str] | None = None) -> str:
+        """get() of a setting that has a default, so never None."""
+        value = self.get(environ)
+        if value is None:
+            raise TypeError(f"{self.name} has no default; read it with get()")
+        return value
+
 
 SETTINGS: list[Setting] = []
 

@@ -19,7 +19,7 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 
 def index_base() -> str:
     """Where the farm's index is served (the channels live below it)."""
-    return settings.INDEX_URL.get().rstrip("/") + "/"
+    return settings.INDEX_URL.value().rstrip("/") + "/"
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def torch_index(torch_pin: str, cuda: str, platform: str = "linux") -> Index:
     local = torch_pin.split("+", 1)[1] if "+" in torch_pin else None
     if local is None and str(table.get(minor_of(torch_pin.split("+")[0]), "")) == cuda:
         return Index()
-    base = settings.TORCH_INDEX_URL.get().rstrip("/")
+    base = settings.TORCH_INDEX_URL.value().rstrip("/")
     return Index(url=f"{base}/{cuda_tag(cuda)}", extra_url=PYPI_SIMPLE)
 
 

@@ -245,7 +245,7 @@ def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) 
     entries = usage(root)
     total = sum(u.size for u in entries)
     if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
-        reserve = int(float(settings.CACHE_RESERVE_GB.get()) * 1024**3)
+        reserve = int(float(settings.CACHE_RESERVE_GB.value()) * 1024**3)
         budget = min(budget, total + shutil.disk_usage(root).free - reserve)
     removed: list[Path] = []
     if total <= budget:

@@ -138,7 +138,7 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
     root = work / "root"
     try:
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
-               "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.get()]
+               "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.value()]
         _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
         with open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)

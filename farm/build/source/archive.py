@@ -34,7 +34,7 @@ HTTP_TIMEOUT = (15, 300)
 
 def pypi_index() -> str:
     """PyPI's base URL (a setting: FARM_PYPI_URL)."""
-    return settings.PYPI_URL.get().rstrip("/")
+    return settings.PYPI_URL.value().rstrip("/")
 
 
 def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:

@@ -22,6 +22,7 @@ from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
 from farm.build.verify.wheel import Wheel
 from farm.errors import GateCannotRun
+from farm.process import run
 from farm.recipes.model import Verify as VerifyKnobs
 
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
@@ -142,8 +143,7 @@ class ImportChild:
 
 
 def _python_version(python: Path) -> tuple[int, int]:
-    out = subprocess.run([str(python), "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
-                         capture_output=True, text=True)
+    out = run([python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"])
     if out.returncode != 0:
         raise GateCannotRun(f"{python}: cannot run it")
     a, b = out.stdout.split()

@@ -4,11 +4,11 @@ sonames torch and its nvidia-* wheels provide (what a wheel may leave to them)."
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import GateCannotRun
+from farm.process import run
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,9 @@ class TorchEnv:
     @classmethod
     def locate(cls, where: Path) -> TorchEnv:
         python = cls.python_of(where)
-        probe = subprocess.run(
-            [str(python), "-c", "import importlib.util as u; s = u.find_spec('torch'); "
-                                "print(list(s.submodule_search_locations)[0] if s else '')"],
-            capture_output=True, text=True, env=child_env_base())
+        probe = run([python, "-c", "import importlib.util as u; s = u.find_spec('torch'); "
+                                   "print(list(s.submodule_search_locations)[0] if s else '')"],
+                    env=child_env_base())
         if probe.returncode != 0:
             raise GateCannotRun(f"{python}: cannot run it: {probe.stderr.strip()[-200:]}")
         torch_dir = Path(probe.stdout.strip()) if probe.stdout.strip() else None
