@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from farm import errors, settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +98,6 @@ def test_farm_has_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 17: splits in progress")
 def test_no_module_is_longer_than_600_lines_without_saying_why():
     long = []
     for name, path in MODULES.items():

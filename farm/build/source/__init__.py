@@ -8,5 +8,5 @@ Three kinds of source, each cached by its pin under cache_dir()/sources:
 - path:  a local folder, copied (no cache); its content digest is the pin (local.py).
 
 prepare.py assembles a cell's work dir from the source, the extra sources and the patches
-(patches.py); base.py holds what they share (errors, what a fetch returns, the cache folder).
+(patches.py); base.py holds what they share (what a fetch returns, the cache folder; the errors are in farm.errors).
 """
