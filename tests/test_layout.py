@@ -25,20 +25,19 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(FARM.rglob("*.py"))}
 
 
-def _top_level_imports(tree: ast.Module):
-    """Imports that run when the module is imported: the module's own statements and those in
-    its top-level if/try blocks. Imports inside functions are the deliberate lazy ones (they run
-    after every module is loaded) and `if TYPE_CHECKING:` blocks never run, so neither counts."""
-    todo = list(tree.body)
+def _imports(tree: ast.Module):
+    """Every import statement of a module, those inside functions included: a lazy import that
+    closes a loop is still a cycle between two modules (issue 17 found build -> verify -> repair
+    -> windows -> build running only through such imports). `if TYPE_CHECKING:` blocks never run."""
+    todo: list[ast.AST] = list(tree.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If):
-            if "TYPE_CHECKING" not in ast.unparse(node.test):
-                todo += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            todo += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+        else:
+            todo += list(ast.iter_child_nodes(node))
 
 
 def _with_packages(name: str, importer: str) -> list[str]:
@@ -53,7 +52,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         targets: set[str] = set()
-        for node in _top_level_imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets.update(t for a in node.names for t in _with_packages(a.name, name))
             elif node.level == 0 and node.module and (node.module == "farm" or node.module.startswith("farm.")):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from wheel_builder import build_shared_lib, pack_ext_wheel
 
+from farm.build.platform import for_cell
 from farm.build.repair import (
     drop_build_rpaths,
     exclusions,
@@ -165,15 +166,20 @@ def test_a_wheel_needing_a_newer_glibc_than_the_image_tag_gets_the_tag_it_needs(
     assert "\n" not in str(exc.value) and not list((tmp_path / "out2").glob("*.whl"))
 
 
-def test_pure_and_windows_wheels_are_not_repaired(tmp_path):
+def test_pure_wheels_are_not_repaired_and_windows_wheels_go_to_their_platform(tmp_path):
     pure = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(pure, "w") as z:
         z.writestr("demo/__init__.py", "")
     res = repair_wheel(pure, tmp_path / "out", wheel_abi="pure")
     assert not res.repaired and res.wheel == pure and "pure" in res.reason
-    # A Windows wheel cannot be built here; its name is enough to be passed through untouched.
+    # A Windows wheel cannot be built here; its name is enough. auditwheel's repair refuses it in one
+    # line, and the build platform seam passes it through untouched with the Windows note.
     win = tmp_path / "demo-1.0-cp311-cp311-win_amd64.whl"
     win.write_bytes(pure.read_bytes())
-    res = repair_wheel(win, tmp_path / "out", platform="windows")
+    with pytest.raises(RepairError, match="Windows wheel is not repaired by auditwheel") as exc:
+        repair_wheel(win, tmp_path / "out", platform="windows")
+    assert "\n" not in str(exc.value)
+    res = for_cell("windows").repair(win, tmp_path / "out", torch_env=None, plat=None, floor_plat=None,
+                                     allow_graft=(), wheel_abi="cpython")
     assert not res.repaired and res.wheel == win and "windows" in res.reason
     assert not (tmp_path / "out").exists()

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from farm.errors import BadInput
-from farm.runners.base import OUT_TARGET, WORK_TARGET, get_runner
+from farm.runners.base import OUT_TARGET, WORK_TARGET
+from farm.runners.choose import get_runner
 from farm.runners.engine import Limits, Mount, ensure_engine
 from farm.runners.host import HostRunner
 

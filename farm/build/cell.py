@@ -151,7 +151,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
 def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
     """(runner, its description, the target, --plat as the image can give it, the build key's context)
     for the cell's lane; refused before any work when the image cannot give `plat` or is stale."""
-    from farm.runners.base import get_runner
+    from farm.runners.choose import get_runner
 
     lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
     runner = get_runner(runner_kind, arch=lane)
@@ -198,7 +198,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     the builder image for the container runner, on this machine for the host runner. Refused in one
     line before anything is downloaded or built."""
     from farm.build.toolkit import find_system_toolkit
-    from farm.runners.base import default_kind
+    from farm.runners.choose import default_kind
     from farm.versions import vtuple
 
     major = vtuple(cell.cuda)[0]

@@ -209,16 +209,16 @@ def repair_wheel(
     `plat`: a requested tag (e.g. from `--plat`); `floor_plat`: the image's recorded tag.
     With neither, the lowest tag `auditwheel show` allows (host runner).
     `allow_graft`: fnmatch patterns of sonames the recipe lets auditwheel copy in.
-    `wheel_abi` 'pure' and `platform` 'windows' (or a win_* tag) are not repaired.
+    `wheel_abi` 'pure' is not repaired; a Windows wheel (`platform` 'windows' or a win_* tag) is refused:
+    farm.build.platform sends those to the Windows implementation.
     """
     wheel, out_dir = Path(wheel), Path(out_dir)
     py, abi, wplat = _wheel_parts(wheel.name)
     if wheel_abi == "pure" or wplat == "any":
         return RepairResult(wheel, False, reason="pure wheel: not repaired")
     if platform == "windows" or wplat.startswith("win"):
-        from farm.build.windows import WindowsPlatform
-
-        return WindowsPlatform().repair(wheel, out_dir)
+        # The build platform seam sends a windows cell to WindowsPlatform.repair, never here.
+        raise RepairError(f"{wheel.name}: a Windows wheel is not repaired by auditwheel (see farm.build.windows)")
     arch = _wheel_arch(wplat)
 
     if not _has_elf(wheel):

@@ -75,7 +75,7 @@ class Selection:
 # ---------------------------------------------------------------- the build context keys are made with
 
 def resolve_runner(kind: str | None) -> str:
-    from farm.runners.base import default_kind
+    from farm.runners.choose import default_kind
 
     return kind or default_kind()
 

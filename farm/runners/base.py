@@ -12,7 +12,7 @@ differ only in mounts, limits and network:
 
 The pipeline calls, per phase:
 
-    runner = get_runner("container" | "host" | None, arch="x86_64")
+    runner = get_runner("container" | "host" | None, arch="x86_64")    # farm.runners.choose
     mounts = runner.standard_mounts(work=..., out=...)           # + runner.python(v)[1]
     code, log = runner.run_step(["compile", cell_id], env, mounts, network=False, log_path=...)
     record["runner"] = runner.describe()
@@ -112,26 +112,3 @@ def run_logged(runner: Runner, execute: Callable[..., int], argv: Sequence[str],
         fh.write(f"# farm {runner.kind} runner: {runner.entrypoint} {shlex.join(argv)} "
                  f"(network {'on' if network else runner.network_isolation_when_off()})\n")
     return StepResult(execute(list(argv), dict(env or {}), list(mounts), network, log_path, timeout), log_path)
-
-
-def default_kind() -> str:
-    """The runner when none is asked for: container when an engine answers, else host."""
-    from farm.runners.engine import Engine
-
-    return "container" if Engine.available() else "host"
-
-
-def get_runner(kind: str | None = None, arch: str | None = None, **kw) -> Runner:
-    """`container` or `host`; None = default_kind()."""
-    from farm.errors import BadInput
-
-    kind = kind or default_kind()
-    if kind == "container":
-        from farm.runners.container import ContainerRunner
-
-        return ContainerRunner(arch=arch, **kw)
-    if kind == "host":
-        from farm.runners.host import HostRunner
-
-        return HostRunner(arch=arch, **kw)
-    raise BadInput("farm build", "--runner", kind, f"must be one of {', '.join(RUNNER_KINDS)}")
