@@ -145,3 +145,37 @@ def test_readme_settings_section_is_what_farm_settings_generates():
     generated = subprocess.run([sys.executable, "-m", "farm.settings", "--markdown"], capture_output=True,
                                text=True, check=True, cwd=ROOT).stdout
     assert section.group(1) == generated, "README's Settings table is stale: paste `python -m farm.settings --markdown`"
+
+
+def _stage_table() -> dict[str, str]:
+    """docs/design.md §1.1's table: package folder -> its `modules` cell."""
+    rows = {}
+    for line in (ROOT / "docs" / "design.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[2].startswith("`farm/"):
+            rows[cells[2].strip("`").rstrip("/")] = cells[3]
+    return rows
+
+
+def test_the_design_stage_table_names_every_module_of_every_stage_package():
+    # A newcomer finds any stage's code from this table alone: a module added to a stage package
+    # without a row entry, or a row naming a module that moved, fails here.
+    table = _stage_table()
+    packages = {p.parent.relative_to(ROOT).as_posix() for p in FARM.glob("*/__init__.py")}
+    assert set(table) == packages, "stage packages: " + str(set(table) ^ packages)
+    for package, cell in table.items():
+        if package == "farm/commands":
+            continue   # "one module per command group"
+        named = set(re.findall(r"`([a-z_]+)/?`", cell))
+        folder = ROOT / package
+        present = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        present |= {p.parent.name for p in folder.glob("*/__init__.py")}
+        present |= {p.stem for p in folder.glob("*/*.py") if p.stem != "__init__"}
+        missing, stale = present - named, named - present
+        assert not missing and not stale, f"{package}: not in the table {sorted(missing)}, gone {sorted(stale)}"
+
+
+def test_every_farm_path_the_readme_and_design_name_exists():
+    for doc in (ROOT / "README.md", ROOT / "docs" / "design.md"):
+        for path in re.findall(r"(?<![\w./~-])farm/[\w/]*[\w]+(?:\.py)?/?", doc.read_text()):
+            assert (ROOT / path).exists(), f"{doc.name} names {path}, which does not exist"
