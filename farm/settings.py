@@ -125,7 +125,7 @@ def default_wheelhouse(given: str | os.PathLike | None = None) -> Path:
     return Path(value) if value else Path.cwd() / "wheelhouse"
 
 
-def display(path: Path | str) -> str:
+def display(path: str | os.PathLike[str]) -> str:
     """A path as the user should read it in a message: relative to the project when inside it."""
     p = Path(path)
     try:

@@ -123,7 +123,8 @@ def read_stats_log(path: Path | str) -> dict:
     first counter, e.g. called_for_link).
     """
     files: dict[str, str] = {}
-    current, counters = None, []
+    current: str | None = None
+    counters: list[str] = []
 
     def close():
         if current is None:

@@ -274,6 +274,13 @@ class BuildJob:
         return settings.cache_dir() / "work" / self.cell.id
 
     @property
+    def flags_stop_after_s(self) -> float | None:
+        """When the flags tier stops the compile; None for the other tiers."""
+        if self.tier != "flags" or self.flags_minutes is None:
+            return None
+        return 60.0 * self.flags_minutes
+
+    @property
     def log_path(self) -> Path:
         return self.out / "build.log"
 
@@ -342,7 +349,7 @@ def _set_up(job: BuildJob) -> _Setup:
         from farm.build.ccache import ensure_ccache
 
         ensure_ccache(log=lambda m: _append(job.log_path, f"[host] {m}"))   # the image brings its own
-    record_base = {"cell": cell.id, "build_key": job.key, "arch_list": cell.arch.arch_list.torch(),
+    record_base: dict[str, object] = {"cell": cell.id, "build_key": job.key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
                    "runner": runner.kind, "image": job.target.id, "farm_version": __version__, "tier": job.tier}
     if job.farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
@@ -357,8 +364,9 @@ def _set_up(job: BuildJob) -> _Setup:
     step_spec = host_spec if runner.kind == "host" else \
         spec_for(runner.kind, lambda p: Path(runner.inside(p, mounts)))
     timeout = recipe_timeout(job.recipe)
-    if job.tier == "flags" and timeout is not None:   # the stop is the compile's own; the step ends after it
-        timeout = max(timeout, 60.0 * job.flags_minutes + 600)
+    stop = job.flags_stop_after_s
+    if stop is not None and timeout is not None:   # the stop is the compile's own; the step ends after it
+        timeout = max(timeout, stop + 600)
     return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, timeout, record_base,
                   jobs, recipe_jobs)
 
@@ -378,8 +386,8 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
         paths=StepPaths(out=seen(job.out), work=seen(job.work)),
         python=python, target=job.target, toolkit_source=toolkit_source, plat=job.plat,
         build_number=job.build_number, record=record_base,
-        farm_wheels=tuple(FarmWheel(w.recipe, seen(job.staged / w.entry.file), w.sha256) for w in job.farm_wheels),
-        flags_stop_after_s=60.0 * job.flags_minutes if job.tier == "flags" else None,
+        farm_wheels=tuple(FarmWheel(w.recipe, seen(job.staged / w.published.file), w.published.sha256) for w in job.farm_wheels),
+        flags_stop_after_s=job.flags_stop_after_s,
         compiler_cache_env=cache_env(enabled=job.compiler_cache,
                                      ccache_dir=str(seen(group_dir(cell.cuda, cell.torch, cell.links_torch))),
                                      basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))))
@@ -460,7 +468,7 @@ def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: P
         return
     folder.mkdir(parents=True, exist_ok=True)
     for wheel in farm_wheels:
-        source, target = wheel.path(house), folder / wheel.entry.file
+        source, target = wheel.path(house), folder / wheel.published.file
         try:
             os.link(source, target)   # wheelhouse files are never rewritten in place
         except OSError:
@@ -472,7 +480,7 @@ def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: P
         if found != wheel.sha256:
             raise BuildFailed(f"{cell.id}: {source} has sha256 {found[:12]}, the manifest says {wheel.sha256[:12]}: "
                               f"`farm index verify` the wheelhouse")
-        _append(log_path, f"[host] staged {wheel.recipe}'s wheel {wheel.entry.file} (sha256 {wheel.sha256[:12]})")
+        _append(log_path, f"[host] staged {wheel.recipe}'s wheel {wheel.published.file} (sha256 {wheel.published.sha256[:12]})")
 
 
 def recipe_timeout(recipe: Recipe) -> float | None:

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _PLACEHOLDER = re.compile(r"\{(ARCHS_TORCH|ARCHS_CMAKE|CUDA_HOME|CUDA)\}")
 
 
-def _expand(value: str, names: Mapping[str, str], key: str) -> str:
+def _expand(value: object, names: Mapping[str, str], key: str) -> str:
     """Recipe env values may use {ARCHS_TORCH} {ARCHS_CMAKE} {CUDA} {CUDA_HOME}; no shell expansion."""
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
         raise BadInput("recipe", f"env.{key}", value, "expected a string")
@@ -138,9 +139,9 @@ os._exit(0)
 def build_backend(source_dir: Path) -> tuple[str, list[str]]:
     """The backend pip would choose for `source_dir` (pyproject.toml's build-system, else setuptools'
     legacy one) and its `backend-path` folders, which PEP 517 keeps inside the source tree."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:   # Python 3.10
+    else:   # Python 3.10
         import tomli as tomllib
 
     pyproject = source_dir / "pyproject.toml"
@@ -316,9 +317,9 @@ def nvcc_targets(argv: Sequence[str]) -> set[str]:
     (`-arch=native`, `nvcc default` when a compile names no target at all)."""
     found: set[str] = set()
     for value in _option_values(argv, _GENCODE):
-        arch = re.search(r"arch=([\w]+)", value)
+        virtual = re.search(r"arch=([\w]+)", value)
         code = re.search(r"code=(\[[^\]]*\]|\"[^\"]*\"|[^,]+(?:,(?:sm|compute|lto)_\w+)*)", value)
-        found.update(_codes(code.group(1)) if code else [arch.group(1)] if arch else [])
+        found.update(_codes(code.group(1)) if code else [virtual.group(1)] if virtual else [])
     codes = [c for v in _option_values(argv, _CODE) for c in _codes(v)]
     for arch in _option_values(argv, _ARCH):
         if arch in ("native", "all", "all-major"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from farm.recipes.cells import cell_id
 from farm.versions import cuda_tag
+from farm.wheelhouse.manifest import ManifestEntry
 
 
 @dataclass(frozen=True)
@@ -26,18 +27,25 @@ class FarmWheel:
     recipe: str
     cell: str
     coords: str                 # 'cu130/torch2.13/py3.12/linux' (torch-free: no torch part)
-    entry: object | None        # farm.wheelhouse.ManifestEntry
+    entry: ManifestEntry | None
 
     @property
     def sha256(self) -> str | None:
         return self.entry.sha256 if self.entry is not None else None
 
+    @property
+    def published(self) -> ManifestEntry:
+        """The wheel's manifest entry, for a dependency `farm build` has checked is published."""
+        if self.entry is None:
+            raise ValueError(f"{self.cell} has no published wheel")
+        return self.entry
+
     def path(self, house: Path) -> Path:
-        return Path(house) / "files" / self.entry.project / self.entry.file
+        return Path(house) / "files" / self.published.project / self.published.file
 
     def record(self) -> dict:
         """What the build record and farm_build.json say about it."""
-        e = self.entry
+        e = self.published
         return {"recipe": self.recipe, "cell": self.cell, "file": e.file, "sha256": e.sha256,
                 "build_key": e.build_key}
 

@@ -88,8 +88,9 @@ def _extra_projects(meta_wheel: Path) -> dict[str, set[str]]:
     for req in meta.get_all("Requires-Dist") or []:
         m = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
         if m:
-            proj = re.match(r"[A-Za-z0-9_.\-]+", req).group(0).lower().replace("_", "-")
-            out.setdefault(m.group(1), set()).add(proj)
+            name = re.match(r"[A-Za-z0-9_.\-]+", req)
+            if name:   # a Requires-Dist always starts with its project name
+                out.setdefault(m.group(1), set()).add(name.group(0).lower().replace("_", "-"))
     return out
 
 

@@ -85,7 +85,10 @@ def full_plat(tag: str, arch: str) -> str:
 
 def host_plat(arch: str | None = None) -> str:
     """The manylinux tag of this machine's glibc (what an image records for itself)."""
-    libc, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+    found = os.confstr("CS_GNU_LIBC_VERSION")   # 'glibc 2.35'; None where the C library does not say
+    if not found:
+        raise RepairError("not a glibc system (no CS_GNU_LIBC_VERSION)")
+    libc, version = found.split()
     if libc != "glibc":
         raise RepairError(f"not a glibc system ({libc})")
     major, minor = version.split(".")[:2]
@@ -142,7 +145,7 @@ def elf_soname(path: Path) -> str | None:
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
                         if tag.entry.d_tag == "DT_SONAME":
-                            return tag.soname
+                            return tag.soname   # type: ignore[attr-defined]  # set per tag kind by pyelftools
     except (ELFError, OSError):
         return None
     return None
@@ -302,9 +305,9 @@ def elf_rpaths(data: bytes) -> list[str] | None:
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
                     if tag.entry.d_tag == "DT_RPATH":
-                        entries += [p for p in tag.rpath.split(":") if p]
+                        entries += [p for p in tag.rpath.split(":") if p]   # type: ignore[attr-defined]  # set by pyelftools
                     elif tag.entry.d_tag == "DT_RUNPATH":
-                        entries += [p for p in tag.runpath.split(":") if p]
+                        entries += [p for p in tag.runpath.split(":") if p]   # type: ignore[attr-defined]  # set by pyelftools
         return entries
     except ELFError:
         return None
@@ -331,7 +334,7 @@ def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
             foreign = [e for e in entries or () if not origin_relative(e)]
             if foreign:
                 dropped[info.filename] = foreign
-                fixed[info.filename] = _set_rpath(data, [e for e in entries if origin_relative(e)])
+                fixed[info.filename] = _set_rpath(data, [e for e in entries or () if origin_relative(e)])
         if not fixed:
             return {}
         dist_info = find_dist_info(zf.namelist(), wheel.name)
@@ -372,6 +375,7 @@ def _choose_plat(plat: str | None, floor_plat: str | None, arch: str) -> str:
 
     floor = parse(floor_plat, "image platform tag") if floor_plat else None
     if plat is None:
+        assert floor is not None, "called with --plat, an image tag or both"
         return floor
     else:
         target = parse(plat, "--plat")

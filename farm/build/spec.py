@@ -210,7 +210,7 @@ def _value(hint: Any, value: Any, key: str) -> Any:
             return ArchList.parse(_value(str, value, key), "build spec", key)
         except BadInput as exc:
             raise BadSpec(str(exc)) from None
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):   # a hint is a class, never an instance
         return from_plain(hint, value, key)
     if hint is Path:
         return Path(_value(str, value, key))

@@ -148,7 +148,8 @@ def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = subproce
 
 
 def _line(cuda: str) -> tuple[int, int]:
-    return tuple(vtuple(cuda)[:2])
+    major, minor = vtuple(cuda)[:2]
+    return major, minor
 
 
 def cuda_home_candidates(cuda: str, environ: Mapping[str, str]) -> list[str]:

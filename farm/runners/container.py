@@ -43,13 +43,15 @@ TOOLS_TARGET = "/farm/tools"
 def project_requirements() -> list[str]:
     """The farm's runtime dependencies, as pyproject.toml declares them."""
     text = (PROJECT_ROOT / "pyproject.toml").read_text()
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
 
         return list(tomllib.loads(text)["project"]["dependencies"])
-    except ImportError:  # Python 3.10: the list is simple enough to read directly
-        block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.S | re.M).group(1)
-        return re.findall(r'"([^"]+)"', block)
+    # Python 3.10: the list is simple enough to read directly
+    block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.S | re.M)
+    if block is None:
+        raise RunnerError(f"{PROJECT_ROOT / 'pyproject.toml'}: no dependencies list")
+    return re.findall(r'"([^"]+)"', block.group(1))
 
 
 class ContainerRunner:

@@ -88,7 +88,8 @@ class HostRunner:
                 return 124
 
     def describe(self) -> dict:
-        glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[-1] if hasattr(os, "confstr") else ""
+        libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None   # 'glibc 2.35'
+        glibc = libc.split()[-1] if libc else ""
         own = f"{sys.version_info[0]}.{sys.version_info[1]}"
         pythons = sorted({own} | {".".join(p.name.split(".")[:2]) for p in images.pyenv_prefixes()},
                          key=lambda v: tuple(int(x) for x in v.split(".")))

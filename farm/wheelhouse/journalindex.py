@@ -78,7 +78,7 @@ class JournalIndex:
         self.summaries: dict[str, Summary] = {}
         self.offset = 0
         self.count = 0
-        self.ino = None
+        self.ino: int | None = None
         self.head = b""
         self.unsaved = 0
         self.cache_bad = False      # a cache file was there but unusable: rewrite it at the next save

@@ -318,8 +318,11 @@ def live_entries(path: Path, records: Iterable[tuple[int, dict | None]]) -> tupl
             live[entry.file] = entry
             removed.pop(entry.file, None)
         elif op == "remove":
-            live.pop(rec.get("file"), None)
-            removed[rec.get("file")] = rec.get("at", "")
+            file = rec.get("file")
+            if not isinstance(file, str):
+                raise BadInput(f"{display(path)}:{n}", "file", file, "missing in a manifest remove record")
+            live.pop(file, None)
+            removed[file] = rec.get("at", "")
         else:
             raise BadInput(f"{display(path)}:{n}", "op", op, "unknown manifest record (expected add or remove)")
     return live, removed

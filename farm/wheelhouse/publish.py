@@ -231,6 +231,7 @@ def _place(root: Path, p: _Prepared) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, sidecar)
     step(f"sidecar {sidecar.name}")
+    assert p.temp is not None, "a wheel is staged before it is put in place"
     os.replace(p.temp, folder / p.name.file)
     p.temp = None
     fsync_dir(folder)

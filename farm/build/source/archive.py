@@ -115,7 +115,7 @@ def archive_name(url: str) -> str:
 
 
 def fetch_sdist(
-    dest: Path, *, sha256: str, url: str | None = None, pypi: str | None = None, where: str = "recipe",
+    dest: Path, *, sha256: object, url: str | None = None, pypi: str | None = None, where: str = "recipe",
 ) -> Fetched:
     """Download (or reuse by sha256) an sdist and extract it into `dest` without its top folder."""
     sha256 = check_sha256(sha256, where, "source.sdist.sha256")
@@ -126,7 +126,7 @@ def fetch_sdist(
     if cached:
         archive = cached[0]
     else:
-        real_url = url or resolve_pypi_sdist(pypi, where)
+        real_url = url or resolve_pypi_sdist(pypi or "", where)   # pypi is set when url is not (checked above)
         archive = download(real_url, slot / archive_name(real_url), sha256, where, "source.sdist.sha256")
     extract_archive(archive, Path(dest), strip_top=True)
     shown = pypi or url

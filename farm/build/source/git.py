@@ -139,10 +139,11 @@ def read_exclude(value: object, where: str, key: str = f"source.git.{gitsparse.K
 
 
 def fetch_git(
-    url: str, ref: str, dest: Path, *, commit: str | None = None, submodules: bool = False,
+    url: object, ref: object, dest: Path, *, commit: object = None, submodules: bool = False,
     exclude: Sequence[str] | None = None, where: str = "recipe",
 ) -> Fetched:
     """Clone `url` at `ref` into `dest` (must not exist) through the cache; check `commit` when given.
+    `url`, `ref` and `commit` come as the recipe wrote them and are checked here.
 
     `exclude`: sparse-checkout patterns of paths the build never reads (farm/build/gitsparse.py); a
     pattern under a submodule's path applies inside that submodule."""

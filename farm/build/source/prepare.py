@@ -160,25 +160,31 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _pinned_git(item: Mapping, where: str, key: str) -> tuple[str, str]:
+    """The repository URL and the commit of a git extra source."""
+    url, commit = item["git"], item.get("commit")
+    if not isinstance(url, str):
+        raise BadInput(where, f"{key}.git", url, "expected a repository URL")
+    if not isinstance(commit, str) or not FULL_SHA.match(commit):
+        # A tag could be moved upstream; only a commit names the tree for good.
+        raise BadInput(where, f"{key}.commit", commit, "expected a full 40-hex commit SHA (no tag)")
+    return url, commit
+
+
 def fetch_extra_sources(work_dir: Path, items: Iterable[Mapping], *, where: str = "recipe") -> tuple:
     """Each item is an archive `{url, sha256, dest}` or a pinned git tree `{git, commit, dest, exclude?}`.
 
     Archives are cached by their sha256 and checked before use, then extracted into `dest`
     (single top folder removed); other files are written to `dest`. A git tree goes through the
     main source's mirror and checkout (same cache, same `exclude` handling) at exactly `commit`."""
-    done = []
+    done: list[tuple[str, ...]] = []   # (dest, url, commit) of a git tree, (dest, sha256) of an archive
     for i, item in enumerate(items or ()):
         key = f"extra_sources[{i}]"
         is_git = isinstance(item, Mapping) and "git" in item
         if not isinstance(item, Mapping) or not (item.get("git") if is_git else item.get("url")):
             raise BadInput(where, key, item, "expected {url, sha256, dest} or {git, commit, dest, exclude?}")
         if is_git:
-            url, commit = item["git"], item.get("commit")
-            if not isinstance(url, str):
-                raise BadInput(where, f"{key}.git", url, "expected a repository URL")
-            if not isinstance(commit, str) or not FULL_SHA.match(commit):
-                # A tag could be moved upstream; only a commit names the tree for good.
-                raise BadInput(where, f"{key}.commit", commit, "expected a full 40-hex commit SHA (no tag)")
+            url, commit = _pinned_git(item, where, key)
             patterns = read_exclude(item.get(gitsparse.KEY), where, f"{key}.{gitsparse.KEY}")
         else:
             url = item["url"]
