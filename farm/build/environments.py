@@ -35,10 +35,10 @@ from pathlib import Path
 
 from farm import settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
-from farm.errors import EnvironmentFailed, TorchMismatch
+from farm.errors import BadInput, EnvironmentFailed, TorchMismatch
 from farm.process import last_useful_lines, run
 from farm.run import cachebudget
-from farm.settings import cache_dir, defaults_dir
+from farm.settings import cache_dir, defaults_dir, display
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml
 
@@ -155,7 +155,10 @@ def _site_packages_of(env: Path) -> Path:
 
 def torch_index(torch_pin: str, cuda: str, platform: str = "linux") -> Index:
     """PyPI when its default torch of this minor is built for `cuda` on `platform`, else the PyTorch channel."""
-    data = load_yaml(defaults_dir() / "pypi_torch.yml") or {}
+    path = defaults_dir() / "pypi_torch.yml"
+    data = load_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise BadInput(display(path), None, None, "expected a mapping of platform to {torch minor: CUDA line}")
     table = data.get(_PYPI_PLATFORM_KEY.get(platform, ""), {}) or {}
     local = torch_pin.split("+", 1)[1] if "+" in torch_pin else None
     if local is None and str(table.get(minor_of(torch_pin.split("+")[0]), "")) == cuda:
@@ -354,7 +357,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
         _run([base.python, "-m", "venv", "--without-pip", path], log, f"creating the overlay venv {path}")
         site = _site_packages_of(path)
         (site / "_farm_base.pth").write_text(str(base.site_packages) + "\n")
-        if deps:
+        if deps and dl is not None:   # dl is None only without deps (checked above)
             with tempfile.TemporaryDirectory(prefix="farm-overlay-") as tmp:
                 links = Path(tmp) / "wheels"
                 links.mkdir()

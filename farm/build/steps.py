@@ -24,9 +24,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.build.spec import SourcePart, StepSpec
 from farm.errors import FarmError, StepFailed
+
+if TYPE_CHECKING:   # imported where a step needs them: the source step runs without torch's tools
+    from farm.build.environments import TorchEnv
+    from farm.build.toolkit import Toolkit
+    from farm.build.verify.importcheck import ImportChild
 
 PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify")
 
@@ -46,11 +52,11 @@ class Steps:
         self.platform = for_cell(spec.cell.platform)   # Linux, or Windows on a Windows host
         self.log = log
         self.state = _read_state(self.out)
-        self.torch_env = None
-        self.toolkit = None
+        self.torch_env: TorchEnv | None = None   # set by the env step
+        self.toolkit: Toolkit | None = None      # set by the toolkit step
         self.compiler_cache: dict = {}
         self.phases = phases              # what this process runs (the import child serves verify)
-        self.import_child = None          # verify's child, started early (see _start_import_child)
+        self.import_child: ImportChild | None = None   # verify's child, started early (see _start_import_child)
 
     # ----- 1. source ------------------------------------------------------------
 
@@ -82,6 +88,16 @@ class Steps:
         tk.require(self.arch_list, self.cell.id)
         self.toolkit = tk
         return tk.to_json()
+
+    def _torch_env_built(self) -> TorchEnv:
+        if self.torch_env is None:   # every phase that compiles, repairs or verifies starts with env
+            raise StepFailed("the env step has not run in this phase")
+        return self.torch_env
+
+    def _toolkit_provisioned(self) -> Toolkit:
+        if self.toolkit is None:   # every phase that compiles starts with toolkit
+            raise StepFailed("the toolkit step has not run in this phase")
+        return self.toolkit
 
     # ----- pre_build (network) --------------------------------------------------------
 
@@ -125,12 +141,12 @@ class Steps:
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
         stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
-        flags = stop_after is not None
-        calls = record_nvcc_calls(env, self.out / "nvcc-calls", self.toolkit.nvcc) if flags else None
-        wheel = compile_wheel(self._source_dir(), self.torch_env.python, env, raw, self.out / "compile.log",
+        calls = record_nvcc_calls(env, self.out / "nvcc-calls", self._toolkit_provisioned().nvcc) \
+            if stop_after is not None else None
+        wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw, self.out / "compile.log",
                               stop_after=stop_after)
         found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
-            if flags else {}
+            if calls is not None else {}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):
             from farm.build.ccache import read_stats_log
@@ -189,7 +205,7 @@ class Steps:
         exp = Expectation.for_cell(self.cell, knobs=self.spec.verify, requires_dist=self.recipe.requires_dist,
                                    version=self.recipe.version, platform_tag=self.state["repair"].get("plat_tag"))
         child, self.import_child = self.import_child, None
-        report = verify_wheel(repaired, exp, torch_env=self.torch_env.path, import_child=child)
+        report = verify_wheel(repaired, exp, torch_env=self._torch_env_built().path, import_child=child)
         report.write(self.out / "verify.json")
         if not report.passed:
             failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]

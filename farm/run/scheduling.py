@@ -214,6 +214,7 @@ class Scheduler:
             self.leading.discard(cell.siblings)
             self.led.add(cell.siblings)
         cell.finished = time.time()
+        assert cell.started is not None, "a job in running has started"
         cell.duration = round(cell.finished - cell.started, 1)
         result = _read_json(job.result_path) or {}
         out_dir = self.build_dir / cell.id

@@ -15,6 +15,7 @@ import fnmatch
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
 from farm.policy import DEFAULT_PEAK_GB_PER_JOB
@@ -22,6 +23,9 @@ from farm.recipes.cells import Cell
 from farm.recipes.plan import Filters, Plan, full_plan, in_shard
 from farm.run.report import iso_utc
 from farm.runners.emulation import cell_arch, is_emulated
+
+if TYPE_CHECKING:   # the engine is looked for only when a cell needs an image
+    from farm.runners.engine import Engine
 
 # Statuses of a cell in a run. Exit 0 needs every selected cell in OK_STATUSES.
 OK_STATUSES = ("built", "skipped", "up-to-date", "expected-fail")
@@ -88,15 +92,16 @@ class Contexts:
         self.runner = runner
         self._by_platform: dict[str, object] = {}
         self._images: dict[str, object] = {}
-        self._engine: object = False    # not asked yet
+        self._engine_asked = False
+        self._engine: Engine | None = None
 
     def image(self, arch: str):
         if arch not in self._images:
             from farm.runners.engine import Engine
             from farm.runners.images import load_image
 
-            if self._engine is False:
-                self._engine = Engine.available()
+            if not self._engine_asked:
+                self._engine, self._engine_asked = Engine.available(), True
             self._images[arch] = load_image(arch, self._engine) if self._engine else None
         return self._images[arch]
 
@@ -168,7 +173,7 @@ class Buildability:
                 if self.runner == "host":
                     from farm.build.toolkit import find_system_toolkit
 
-                    found = find_system_toolkit(cuda)[0]
+                    found = find_system_toolkit(cuda)[0] is not None
                 else:
                     image = self.contexts.image("x86_64")
                     found = image is not None and bool(getattr(image, "cuda_home", "")) and \
@@ -296,6 +301,7 @@ def select(filters: Filters, *, shard: tuple[int, int] | None = None, runner: st
         if state.readiness is Readiness.DONE:
             skipped.append(CellRun(cell.id, cell.recipe_name, cell.platform, state.key, status="skipped"))
         elif state.readiness is Readiness.UNBUILDABLE:
+            assert state.why is not None, "visit gives an unbuildable cell its reason"
             unbuildable.setdefault(state.why, []).append(cell.id)
     # Known failures last: everything else gets the machine first; dependencies before dependents.
     ordered = sorted(walk.todo.values(), key=lambda c: (c.expected_fail is not None, _depth(c, walk.todo)))
