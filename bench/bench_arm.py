@@ -1,4 +1,4 @@
-"""The emulated ARM build against the native x86_64 build of the same cell (SPEC 0.4, 8.4).
+"""The emulated ARM build against the native x86_64 build of the same cell (design.md §8.4).
 
 Builds farm_demo-cu130-torch2.13-py311-aarch64 in the arm64 image under QEMU user
 emulation and compares its times with farm_demo-cu130-torch2.13-py311 built natively

@@ -106,7 +106,7 @@ class BuildFailed(FarmError):
 
 
 class BuildOOM(BuildFailed):
-    """A step was killed with exit 137 (out of memory): `farm run` retries it with max_jobs halved (SPEC 8.4)."""
+    """A step was killed with exit 137 (out of memory): `farm run` retries it with max_jobs halved (design.md §11.2)."""
 
     exit_code = 137
 
@@ -232,7 +232,7 @@ class ImageError(FarmError):
 # ---------------------------------------------------------------- wheelhouse
 
 class PublishConflict(FarmError):
-    """A file name already published with other bytes: new bytes never reuse an old name (SPEC 7.4)."""
+    """A file name already published with other bytes: new bytes never reuse an old name (design.md §5.4)."""
 
     exit_code = 2
 

@@ -27,7 +27,7 @@ PAM_MEASURED_FILE = "pam_measured.yml"   # written by `farm pam measure`, overri
 TOOLKITS_FILE = "cuda_toolkits.yml"
 
 
-# SPEC 8.4: what one compile job may peak at, when neither the policy nor the recipe says.
+# design.md §11.2: what one compile job may peak at, when neither the policy nor the recipe says.
 DEFAULT_PEAK_GB_PER_JOB = 8.0
 
 # The range each number the policy or a recipe sets must fall in (inclusive; peak_gb_per_job: above
@@ -169,7 +169,7 @@ def _checked_list(text, r: _Reader, key: str, cuda: str, toolkits: Mapping[str, 
 
 
 def clamp(arch_list: ArchList, cuda: str, toolkits: Mapping[str, Toolkit], where: str, key: str) -> None:
-    """An arch the line's nvcc cannot emit is an error, never a silent drop (SPEC 4.6)."""
+    """An arch the line's nvcc cannot emit is an error, never a silent drop (design.md §3.5)."""
     toolkit = toolkits.get(cuda)
     if toolkit is None:
         raise BadInput(where, key, cuda, f"no toolkit row for CUDA {cuda} in defaults/{TOOLKITS_FILE}")
@@ -387,7 +387,7 @@ def load_pam(path: Path) -> Pam:
 
 
 def apply_pam_measured(pam: Pam, path: Path) -> Pam:
-    """`farm pam measure` results (same shape as the table) override it combo by combo (SPEC 5)."""
+    """`farm pam measure` results (same shape as the table) override it combo by combo (design.md §3.8)."""
     if not Path(path).exists():
         return pam
     measured = load_pam(path)

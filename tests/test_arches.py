@@ -219,7 +219,7 @@ def test_missing_policy_row_is_named(tmp_path, defaults):
         resolve("13.2", "2.13", "linux", load_defaults(folder))
 
 
-# ---------------------------------------------------------------- hazards (SPEC 4.6)
+# ---------------------------------------------------------------- hazards (design.md §3.5)
 
 def kinds(hazards, lane=None):
     return {(h.kind, h.lane, h.cuda) for h in hazards if lane is None or h.lane == lane}

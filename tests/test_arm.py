@@ -1,4 +1,4 @@
-"""The ARM lane (SPEC 0.1, 0.2, 4.4, 4.6, 8.2-8.4).
+"""The ARM lane (design.md §1.3, §3.4, §3.5, §8.2, §8.3, §11.2).
 
 The quick tests run in `make test`: the ARM resolver's own inputs, the fallback
 hazards `farm recipes check` prints, the emulated concurrency cap, and the refusals.

@@ -1,4 +1,4 @@
-"""One cell from source to a repaired, verified wheel (SPEC 8), with real nvcc, podman and auditwheel.
+"""One cell from source to a repaired, verified wheel (design.md §6), with real nvcc, podman and auditwheel.
 
 The two end-to-end builds (container and host) compile the bundled farm_demo
 extension for the cu130 / torch 2.13 / Python 3.11 cell; every failure case

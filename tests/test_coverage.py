@@ -1,4 +1,4 @@
-"""Coverage verdicts (SPEC 5): native / JIT-only / dead / unknown, per device, list and cell."""
+"""Coverage verdicts (design.md §3.7): native / JIT-only / dead / unknown, per device, list and cell."""
 
 from __future__ import annotations
 

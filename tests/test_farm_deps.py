@@ -1,4 +1,4 @@
-"""`build_requires_farm` (SPEC 6, issue 15): a cell builds against the farm's own wheel of another recipe.
+"""`build_requires_farm` (design.md §4.4, issue 15): a cell builds against the farm's own wheel of another recipe.
 
 A tiny local package `farm_dep` (a wheel made here, published into a temp wheelhouse with `farm publish`)
 and a dependent recipe `farm_needs_dep` whose setup.py imports farm_dep at build time and whose module

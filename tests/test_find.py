@@ -1,4 +1,4 @@
-"""`farm find` and `farm coverage` over the real grid (SPEC 5)."""
+"""`farm find` and `farm coverage` over the real grid (design.md §3.7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Deriving the grid and phantoms from the PCWM (SPEC 3), loading them back, and the matrix/ page."""
+"""Deriving the grid and phantoms from the PCWM (design.md §2.5-2.7), loading them back, and the matrix/ page."""
 
 from __future__ import annotations
 

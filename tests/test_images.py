@@ -112,7 +112,7 @@ def test_builder_image_is_cached_and_not_rebuilt(engine, image, monkeypatch):
 def test_debian_image_records_glibc_tag_and_pythons(engine, image):
     assert image.package_manager == "apt"
     assert image.glibc == "2.36"
-    # Debian 12: a C++ extension binds pthread_once@GLIBC_2.34, so manylinux_2_34 at best (SPEC 8.3).
+    # Debian 12: a C++ extension binds pthread_once@GLIBC_2.34, so manylinux_2_34 at best (design.md §8.3).
     assert image.plat == f"manylinux_2_34_{image.arch}"
     assert image.plat_cap == f"manylinux_2_36_{image.arch}"
     own = image.python("3.11")

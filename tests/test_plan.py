@@ -1,4 +1,4 @@
-"""Cells, ids, counts, shards, build keys and the nox sessions (SPEC 7)."""
+"""Cells, ids, counts, shards, build keys and the nox sessions (design.md §5)."""
 
 from __future__ import annotations
 

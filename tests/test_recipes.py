@@ -326,7 +326,7 @@ def _sm_variants(arch_list) -> dict[int, set[str]]:
 def _narrowed(facts_list, mine, waived: set[int]) -> list[str]:
     """What the recipe's list drops of the facts' list: an sm with no SASS token at all, or a PTX the facts
     ask for with no PTX at or above it. An arch-specific token (9.0a) for a plain one (9.0) keeps the sm
-    (a package whose kernels exist only as 9.0a declares that, SPEC 4); an sm waived by
+    (a package whose kernels exist only as 9.0a declares that, design.md §3); an sm waived by
     verify.allow_missing_archs (with its reason) is not counted."""
     have = _sm_variants(mine)
     lost = [f"sm {t.sm}" for t in facts_list.tokens if t.sm not in have and t.sm not in waived]
@@ -411,7 +411,7 @@ def test_notes_that_name_recipe_keys_are_carried_over(defaults):
     assert recipes["o_voxel"].references() == {"cumesh", "flex_gemm"}
 
 
-# ---------------------------------------------------------------- lines built and hazards (SPEC 4.6)
+# ---------------------------------------------------------------- lines built and hazards (design.md §3.5)
 
 def test_built_lines_follow_the_grid_min_torch_platforms_and_arm_rows(defaults):
     recipes = load_recipes(RECIPES, defaults)
@@ -499,7 +499,7 @@ def test_farm_recipes_check_prints_hazards_and_exits_zero():
     assert "0 invalid" in done.stdout
     assert "  flash_attn: aarch64 13.0/13.2 (b)" in done.stdout
     assert "  pyg_lib: aarch64 12.6/12.8/12.9/13.0/13.2 (b)" in done.stdout
-    assert "fallback hazards (SPEC 4.6): " in done.stdout and " in 2 recipes" in done.stdout
+    assert "fallback hazards (design.md section 3.5): " in done.stdout and " in 2 recipes" in done.stdout
 
 
 def test_farm_recipes_check_exits_2_with_one_line_per_invalid_recipe(tmp_path):

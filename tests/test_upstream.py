@@ -1,4 +1,4 @@
-"""Scraping the wheel index into the PCWM (SPEC 2.1-2.4) and failing closed (SPEC 2.3).
+"""Scraping the wheel index into the PCWM (design.md §2.1-2.4) and failing closed (design.md §2.3).
 
 Every test reads a real HTTP server on 127.0.0.1: the shared replay, or a
 changed copy of it in a temporary folder.
@@ -150,7 +150,7 @@ def test_a_dropped_connection_is_retried_and_without_retries_fails(policy):
         fetcher.close()
 
 
-# ---------------------------------------------------------------- fail closed (SPEC 2.3)
+# ---------------------------------------------------------------- fail closed (design.md §2.3)
 
 def scrape_over_existing(tmp_path: Path, index_url: str):
     """Run `farm matrix scrape` over an existing matrix file; return (result, unchanged?)."""

@@ -1,9 +1,9 @@
-"""The verify gate (SPEC 9) on real wheels: tiny CUDA extension modules compiled here with nvcc.
+"""The verify gate (design.md §7) on real wheels: tiny CUDA extension modules compiled here with nvcc.
 
 Each defect is built for real (a module linked against a fake libc10.so, an
 absolute RPATH, a library nobody ships, a wheel tagged below the glibc its module
 demands, a tampered file, twin modules that abort the process) and must fail the
-check SPEC 9 names for it, and only that check. The import check runs in a child
+check design.md §7 names for it, and only that check. The import check runs in a child
 process with CUDA_VISIBLE_DEVICES=""; these wheels do not link torch, so none is
 imported. End to end with the pipeline's farm_demo wheel: tests of the pipeline.
 """

@@ -1,4 +1,4 @@
-"""`farm matrix watch` (SPEC 2.5) against changed copies of the replay served on loopback.
+"""`farm matrix watch` (design.md §2.8) against changed copies of the replay served on loopback.
 
 The committed grid is the baseline; watch never touches defaults/.
 """

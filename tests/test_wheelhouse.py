@@ -1,4 +1,4 @@
-"""The wheelhouse's pages and journal (SPEC 10), with small real wheels built by the tests."""
+"""The wheelhouse's pages and journal (design.md §9), with small real wheels built by the tests."""
 
 from __future__ import annotations
 

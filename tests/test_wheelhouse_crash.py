@@ -1,4 +1,4 @@
-"""Crash safety and concurrency of publishing (SPEC 10): a crash anywhere leaves an index whose every link
+"""Crash safety and concurrency of publishing (design.md §9.3): a crash anywhere leaves an index whose every link
 resolves to a complete file with the advertised sha256, and publishing again completes."""
 
 from __future__ import annotations

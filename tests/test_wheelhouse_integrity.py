@@ -1,4 +1,4 @@
-"""Wheelhouse integrity (SPEC 10): a damaged house is found by `farm index verify`, repaired by the
+"""Wheelhouse integrity (design.md §9.5): a damaged house is found by `farm index verify`, repaired by the
 documented command without losing a wheel, hostile inputs are refused in one line with nothing
 written, and hundreds of kills at publish step boundaries and random points (eight writers at once)
 never leave an index that recovery cannot make whole."""

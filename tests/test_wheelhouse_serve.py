@@ -1,4 +1,4 @@
-"""Real pip and uv against `farm serve` on 127.0.0.1 (SPEC 10): installs, metadata-only resolution, exact pins.
+"""Real pip and uv against `farm serve` on 127.0.0.1 (design.md §9.7): installs, metadata-only resolution, exact pins.
 
 The machine's pip configuration (find-links, constraints) is kept out with
 --isolated, PIP_CONFIG_FILE=/dev/null and no PIP_*/UV_* variables; every

@@ -1,4 +1,4 @@
-"""Arch tokens and arch lists (SPEC 4.1, 4.5): parsing, normalisation, rendering.
+"""Arch tokens and arch lists (design.md §3.1): parsing, normalisation, rendering.
 
 Tokens: `X.Y` (SASS for sm_XY), `X.Y+PTX` (SASS plus PTX for compute_XY),
 `X.Ya` (arch-specific), `X.Yf` (family-specific). Anything else is an error.

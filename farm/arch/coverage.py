@@ -1,4 +1,4 @@
-"""Which GPUs a cell serves (SPEC 5): native, JIT-only, dead or unknown.
+"""Which GPUs a cell serves (design.md §3.7): native, JIT-only, dead or unknown.
 
 A device is native for a list when some cubin runs on it, JIT-only when only
 PTX reaches it (and the driver can JIT that toolkit's PTX), dead otherwise.

@@ -1,4 +1,4 @@
-"""A pure-Python reader of the CUDA fatbins inside a shared object (SPEC 9, "The fatbin format").
+"""A pure-Python reader of the CUDA fatbins inside a shared object (design.md §3.10).
 
 Only headers are read, never payloads: a compressed entry is listed from its
 header and not decompressed, so the reader costs the same on a 20 kB test

@@ -1,4 +1,4 @@
-"""Coverage over the grid, and `farm find`: which channels serve a given GPU (SPEC 5).
+"""Coverage over the grid, and `farm find`: which channels serve a given GPU (design.md §3.7, §3.9).
 
 Both walk the same channel list: every grid row with a pin on the platform,
 restricted by a recipe's torch range and platforms when a package is named.

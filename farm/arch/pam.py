@@ -1,4 +1,4 @@
-"""`farm pam measure`: torch's own arch list, read out of its libtorch_cuda*.so fatbins (SPEC 5).
+"""`farm pam measure`: torch's own arch list, read out of its libtorch_cuda*.so fatbins (design.md §3.8).
 
 The result is written into `defaults/pam_measured.yml` (committed, like the
 other facts the farm derives from upstream). `farm.policy.load_defaults()`
@@ -181,7 +181,7 @@ def measure(source: Path | str) -> Measurement:
 HEADER = """\
 # Written by `farm pam measure` (do not edit by hand): torch's own arch lists, read from the
 # fatbins of its libtorch_cuda*.so. Each combo here overrides defaults/torch_arch_matrix.yml
-# (SPEC 5); `measured` says where each came from. Windows rows are per CUDA line, as in the table.
+# (design.md §3.8); `measured` says where each came from. Windows rows are per CUDA line, as in the table.
 """
 
 

@@ -1,8 +1,8 @@
-"""Arch resolution per cell (SPEC 4.3-4.7): which list, from which rule, and the hazards.
+"""Arch resolution per cell (design.md §3.1, §3.3-3.6): which list, from which rule, and the hazards.
 
 The x86 lane and the ARM lane are resolved by two separate functions with
 separate inputs: the ARM resolver never reads a recipe's x86 lists nor the
-policy's exceptions (SPEC 0.2). Hazards make the consequences visible.
+policy's exceptions (design.md §3.4). Hazards make the consequences visible.
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ NO_OVERRIDES = ArchOverrides()
 
 @dataclass(frozen=True)
 class Resolution:
-    """A cell's arch list and the rule that produced it (SPEC 4.7)."""
+    """A cell's arch list and the rule that produced it (design.md §3.6)."""
 
     arch_list: ArchList        # normalised
-    provenance: str            # which rule of SPEC 4.3 / 4.4
+    provenance: str            # which rule of design.md §3.3, §3.4
     lane: str
     cuda: str
     torch: str | None
@@ -112,7 +112,7 @@ class Resolution:
 
 def resolve_x86(cuda: str, torch_minor: str | None, overrides: ArchOverrides, defaults: Defaults,
                 combination_list: ArchList | None = None) -> tuple[ArchList, str]:
-    """SPEC 4.3, first hit wins."""
+    """design.md §3.3, first hit wins."""
     if combination_list is not None:
         return combination_list, "recipe combinations[].arch_list"
     own = overrides.explicit(X86_LANE, cuda)
@@ -129,7 +129,7 @@ def resolve_x86(cuda: str, torch_minor: str | None, overrides: ArchOverrides, de
 
 
 def resolve_aarch64(cuda: str, overrides: ArchOverrides, defaults: Defaults) -> tuple[ArchList, str]:
-    """SPEC 4.4, first hit wins. Never reads x86 lists or exceptions."""
+    """design.md §3.4, first hit wins. Never reads x86 lists or exceptions."""
     own = overrides.explicit(ARM_LANE, cuda)
     if own:
         return own
@@ -155,7 +155,7 @@ def resolve(cuda: str, torch_minor: str | None, platform: str, defaults: Default
     return Resolution(arch_list.normalised(), provenance, lane_name, cuda, torch_minor)
 
 
-# ---------------------------------------------------------------- hazards (SPEC 4.6)
+# ---------------------------------------------------------------- hazards (design.md §3.5)
 
 @dataclass(frozen=True)
 class Hazard:
@@ -196,7 +196,7 @@ def fallback_hazards(recipe: str, overrides: ArchOverrides, built: Mapping[str, 
                 add("a", f"arch_list_by_cuda{suffix} has no key {cuda!r} and there is no package-wide list: "
                          f"falls back to {provenance} = {arch_list} (declare arch_fallback: policy if intended)")
             other_own = overrides.explicit(other, cuda)
-            # arch_fallback: policy declares the policy row intended on every lane: SPEC 4.6 counts
+            # arch_fallback: policy declares the policy row intended on every lane: design.md §3.5 counts
             # diso (x86 lists for 12.4/12.6 only, ARM 12.6 on policy) clean once it declares it.
             if fell_back and other_own and not overrides.arch_fallback_policy:
                 mine, theirs = _arch_set(arch_list), _arch_set(other_own[0])

@@ -1,4 +1,4 @@
-"""The compiler cache shared by the cells of a (CUDA, torch) group (SPEC 11): ccache wrapping nvcc.
+"""The compiler cache shared by the cells of a (CUDA, torch) group (design.md §11.3): ccache wrapping nvcc.
 
 What the farm decides, explicitly, and records in every build record (`compiler_cache`):
 

@@ -1,4 +1,4 @@
-"""`farm build <cell>`: one cell from source to a verified wheel (SPEC 8), on the host side.
+"""`farm build <cell>`: one cell from source to a verified wheel (design.md §6), on the host side.
 
 The host decides what and where: it plans the cell, keys it, fetches what
 needs the network (source, torch and toolkit wheels), writes the step spec
@@ -71,7 +71,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
                log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
                compiler_cache: bool = True, tier: str = "full", arch: str | None = None,
                flags_minutes: float | None = None, record: bool | None = None) -> BuildResult:
-    """max_jobs: a clamp decided by the caller (memory admission, SPEC 8.4; recorded with its reason,
+    """max_jobs: a clamp decided by the caller (memory admission, design.md §11.2; recorded with its reason,
     never keyed); compiler_cache: ccache for the (CUDA, torch) group (farm/build/ccache.py; recorded).
 
     tier (see TIERS): `smoke` builds one token of the list (`arch`, default the lowest) and is never
@@ -343,7 +343,7 @@ def _set_up(job: BuildJob) -> _Setup:
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
     recipe_jobs, nvcc_threads = job.recipe.parallelism(job.plan.defaults)
-    jobs = job.max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, SPEC 8.4)
+    jobs = job.max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, design.md §11.2)
     group_dir(cell.cuda, cell.torch, cell.links_torch).mkdir(parents=True, exist_ok=True)
     if job.compiler_cache and runner.kind == "host":
         from farm.build.ccache import ensure_ccache

@@ -1,4 +1,4 @@
-"""The compile step (SPEC 8.1 step 4): one PEP 517 `build_wheel` with an environment that says everything.
+"""The compile step (design.md §6.4): one PEP 517 `build_wheel` with an environment that says everything.
 
 `compile_environment()` builds the whole variable set from the cell's resolved
 arch list, toolkit and torch environment, starting from a small allow-list of
@@ -65,7 +65,7 @@ def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None
                         max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
                         recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
                         base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every variable the compile step sets (SPEC 8.1 step 4), as one dict.
+    """Every variable the compile step sets (design.md §6.4), as one dict.
 
     torch_env: a farm.build.environments.TorchEnv (its bin goes first on PATH; its nvidia/*/include
     on CPATH, where torch's CUDA headers need cusparse.h/cublas_v2.h/cusolverDn.h).

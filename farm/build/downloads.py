@@ -1,4 +1,4 @@
-"""Host-side downloads of binary wheels for a TARGET Python and platform (SPEC 8.1 step 2).
+"""Host-side downloads of binary wheels for a TARGET Python and platform (design.md §6.2).
 
 `pip download` runs on the host with explicit --platform/--python-version and
 --only-binary, isolated from this machine's pip configuration (whose find-links

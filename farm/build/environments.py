@@ -1,4 +1,4 @@
-"""Python environments with the cell's exact torch (SPEC 8.1 step 2).
+"""Python environments with the cell's exact torch (design.md §6.2).
 
 Host side (network): `download_environment()` fetches torch==<pin> and its
 closure for the TARGET Python and platform into cache_dir()/downloads, from

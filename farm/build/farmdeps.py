@@ -1,4 +1,4 @@
-"""`build_requires_farm` (SPEC 6): the farm's own wheels a cell's build installs.
+"""`build_requires_farm` (design.md §4.4): the farm's own wheels a cell's build installs.
 
 A recipe naming others there (spconv needs cumm's wheel at build time) builds
 against the wheel each of them has in the wheelhouse for the SAME CUDA line,
@@ -51,7 +51,7 @@ class FarmWheel:
 
 
 def dependency_cell(cell, dep) -> str:
-    """The cell id the recipe `dep` has for `cell`'s CUDA, torch, Python and platform (SPEC 7.2)."""
+    """The cell id the recipe `dep` has for `cell`'s CUDA, torch, Python and platform (design.md §5.2)."""
     return cell_id(dep.name, cell.cuda, cell.torch if dep.links_torch else None, cell.python, cell.platform,
                    dep.wheel_abi)
 

@@ -1,4 +1,4 @@
-"""`source.git.exclude`: paths of a repository its build never reads (SPEC 6, issue 15).
+"""`source.git.exclude`: paths of a repository its build never reads (design.md §4.3, issue 15).
 
 The patterns follow git's sparse-checkout (gitignore) syntax: `assets/` is a folder anywhere,
 `/assets/` only the top one, `*.png` a name anywhere. The source step checks the commit out

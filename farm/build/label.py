@@ -1,4 +1,4 @@
-"""Build step 5, label (SPEC 8.1): rewrite a built wheel into the farm's name and metadata.
+"""Build step 5, label (design.md §6.5): rewrite a built wheel into the farm's name and metadata.
 
 - local version `+cu128torch2.8` (torch-free: `+cu128`) in the file name, METADATA
   `Version`, the `.dist-info` (and `.data`) folder names, and RECORD;

@@ -23,12 +23,12 @@ class BuildPlatform(Protocol):
     def compile_environment(self, *, arch_list: ArchList, toolkit, torch_env, cuda: str, max_jobs: int,
                             nvcc_threads: int, nvcc_flags: str, recipe_env: Mapping[str, str],
                             exported: Mapping[str, str]) -> dict[str, str]:
-        """Every variable the compile step sets (SPEC 8.1 step 4)."""
+        """Every variable the compile step sets (design.md §6.4)."""
         ...
 
     def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat: str | None, floor_plat: str | None,
                allow_graft: Sequence[str], wheel_abi: str) -> RepairResult:
-        """The wheel made installable on its platform (SPEC 8.1 step 6)."""
+        """The wheel made installable on its platform (design.md §6.6)."""
         ...
 
 

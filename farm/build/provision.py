@@ -1,4 +1,4 @@
-"""Provisioning a cell's CUDA toolkit (SPEC 8.1 step 3): an installed one on the cell's line when
+"""Provisioning a cell's CUDA toolkit (design.md §6.3): an installed one on the cell's line when
 this machine runs the cell's arch, else CUDA 13.x assembled from NVIDIA's PyPI wheels into the cache
 (see farm/build/toolkit.py for the layout), once, under a lock, leased while a build uses it.
 """

@@ -1,4 +1,4 @@
-"""Build step 6, repair (SPEC 8.1, 8.3): `auditwheel repair` with the torch environment excluded.
+"""Build step 6, repair (design.md §6.6, §8.3): `auditwheel repair` with the torch environment excluded.
 
 A torch extension needs libtorch/libc10 and the CUDA libraries that torch's own
 wheel and its `nvidia-*` dependencies install; those must be loaded from the

@@ -44,7 +44,7 @@ class RecipePart:
     nvcc_flags: str
     allow_graft: tuple[str, ...]
     requires_dist: tuple[str, ...] | None   # resolved for the cell; None: keep the wheel's own
-    max_jobs: int                    # the recipe's, or the clamp `farm run` decided (SPEC 8.4)
+    max_jobs: int                    # the recipe's, or the clamp `farm run` decided (design.md §11.2)
     nvcc_threads: int
 
 

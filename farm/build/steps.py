@@ -1,4 +1,4 @@
-"""The one step entrypoint: `python -m farm.build.steps <phases> --spec SPEC.json` (SPEC 8.1).
+"""The one step entrypoint: `python -m farm.build.steps <phases> --spec SPEC.json` (design.md §6).
 
 Both runners run this same module; they differ only in where (container or
 host), mounts, limits and network. `farm build` (farm/build/cell.py) writes the

@@ -1,4 +1,4 @@
-"""The CUDA toolkit of a cell (SPEC 8.1 step 3).
+"""The CUDA toolkit of a cell (design.md §6.3).
 
 Three sources, in this order for `source="auto"`:
 - `image` / `system`: a toolkit already installed (/usr/local/cuda*, or

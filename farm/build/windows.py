@@ -1,11 +1,11 @@
-"""Windows cells (SPEC 8.5): the Windows host path, in this one module.
+"""Windows cells (design.md §6.8): the Windows host path, in this one module.
 
 UNTESTED ON A WINDOWS HOST. The farm's machines are Linux; what runs here is the
 refusal (a `-win` cell on any other host: one line, exit 2) and the pure parts
 below, tested against recorded `vswhere`/`set` output. The generated GitHub
 Actions workflow gives Windows cells a `windows-*` runner, where this path runs.
 
-On a Windows host a cell is built by the same steps (SPEC 8.1); farm.build.steps
+On a Windows host a cell is built by the same steps (design.md §6); farm.build.steps
 calls `WindowsPlatform` (farm.build.platform's seam) where Linux and Windows differ:
 - toolkit: an installed CUDA toolkit (the NVIDIA installer sets `CUDA_PATH` and
   `CUDA_PATH_V<major>_<minor>`), never assembled from PyPI wheels;
@@ -268,7 +268,7 @@ def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolk
 
 
 def repair_note() -> str:
-    """What the build record says instead of a repair (SPEC 8.1 step 6)."""
+    """What the build record says instead of a repair (design.md §6.6)."""
     return f"windows wheel: not repaired (tag {WHEEL_PLAT}; delvewheel is a later option)"
 
 

@@ -1,4 +1,4 @@
-"""`farm images base|build|show|setup-qemu`: the builder images (SPEC 8.2, 8.3)."""
+"""`farm images base|build|show|setup-qemu`: the builder images (design.md §8.2, §8.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`farm matrix scrape|derive|watch|pages`: the upstream matrix and the grid (SPEC 2, 3)."""
+"""`farm matrix scrape|derive|watch|pages`: the upstream matrix and the grid (design.md §2)."""
 
 from __future__ import annotations
 

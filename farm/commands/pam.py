@@ -1,4 +1,4 @@
-"""`farm pam measure`: torch's own arch list, read out of a torch wheel or environment (SPEC 5)."""
+"""`farm pam measure`: torch's own arch list, read out of a torch wheel or environment (design.md §3.8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`farm recipes check` (validate every recipe, print the fallback hazards of SPEC 4.6) and `farm recipes list`."""
+"""`farm recipes check` (validate every recipe, print the fallback hazards of design.md §3.5) and `farm recipes list`."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def check_command(args) -> int:
         print(f"warning: {hazard}")
         by_recipe.setdefault(hazard.recipe, []).append(hazard)
     if by_recipe:
-        print(f"fallback hazards (SPEC 4.6): {len(report.hazards)} in {len(by_recipe)} recipes")
+        print(f"fallback hazards (design.md section 3.5): {len(report.hazards)} in {len(by_recipe)} recipes")
         for name, found in by_recipe.items():
             lanes: dict[str, list[str]] = {}
             for h in found:
@@ -52,7 +52,7 @@ def check_command(args) -> int:
             print(f"  {name}: " + "; ".join(f"{lane_name} {'/'.join(cudas)}" for lane_name, cudas in lanes.items())
                   + f" ({kinds})")
     else:
-        print("fallback hazards (SPEC 4.6): none")
+        print("fallback hazards (design.md section 3.5): none")
     return 2 if report.errors else 0
 
 

@@ -1,4 +1,4 @@
-"""`farm run` (what `make farm` calls): build every selected cell that is not built yet (SPEC 11)."""
+"""`farm run` (what `make farm` calls): build every selected cell that is not built yet (design.md §11.1)."""
 
 from __future__ import annotations
 

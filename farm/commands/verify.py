@@ -1,4 +1,4 @@
-"""`farm verify WHEEL...`: the verify gate (SPEC 9) on wheels built anywhere.
+"""`farm verify WHEEL...`: the verify gate (design.md §7) on wheels built anywhere.
 
 The expectation comes from a cell of the plan (`--cell`) or from the command
 line (`--arch-list` and `--platform`, optionally `--torch/--cuda` for the local
@@ -23,7 +23,7 @@ from farm.yamlio import write_atomic
 
 
 def register(sub) -> None:
-    p = sub.add_parser("verify", help="run the verify gate on wheels (SPEC 9); exit 1 when one fails",
+    p = sub.add_parser("verify", help="run the verify gate on wheels (design.md section 7); exit 1 when one fails",
                        description=__doc__.split("\n\n")[1])
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     which = p.add_mutually_exclusive_group(required=True)

@@ -1,4 +1,4 @@
-"""`farm publish`, `farm index rebuild|verify|recover`, `farm prune`, `farm serve`: the wheelhouse (SPEC 10)."""
+"""`farm publish`, `farm index rebuild|verify|recover`, `farm prune`, `farm serve`: the wheelhouse (design.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PCWM as loaded data, and the grid derived from it (SPEC 2.4, section 3).
+"""The PCWM as loaded data, and the grid derived from it (design.md §2.4-2.7).
 
 Spellings:
 - In memory every version is dotted: CUDA '12.9', torch minor '2.10', exact
@@ -78,7 +78,7 @@ class Pcwm:
 
     @classmethod
     def of(cls, combos: Iterable[Combo], source: str = DEFAULT_SOURCE) -> Pcwm:
-        """Deduplicated and sorted (SPEC 2.4)."""
+        """Deduplicated and sorted (design.md §2.4)."""
         return cls(tuple(sorted(set(combos), key=Combo.sort_key)), source)
 
     @functools.cached_property
@@ -86,7 +86,7 @@ class Pcwm:
         return frozenset(self.combos)
 
     def has(self, cuda: str, torch: str, python: str, platform: str) -> bool:
-        """Whether upstream ships exactly this wheel (SPEC 3.4: recipes' own combinations)."""
+        """Whether upstream ships exactly this wheel (design.md §2.6: recipes' own combinations)."""
         return Combo(cuda, torch, python, platform) in self._index
 
     @property
@@ -197,7 +197,7 @@ def _state(path: Path):
 
 @dataclass(frozen=True)
 class GridRow:
-    """One (CUDA line, torch minor) of the grid with its per-platform pins (SPEC 3.2)."""
+    """One (CUDA line, torch minor) of the grid with its per-platform pins (design.md §2.5)."""
 
     cuda: str                    # '12.8'
     torch: str                   # '2.9' (the minor: channel and cell id)
@@ -237,12 +237,12 @@ class Grid:
 
 
 def unsupported_lines(pcwm: Pcwm, policy: GridPolicy) -> tuple[str, ...]:
-    """PCWM lines derive skips because `supported_cudas` does not name them (SPEC 3.1)."""
+    """PCWM lines derive skips because `supported_cudas` does not name them (design.md §2.5)."""
     return tuple(c for c in pcwm.cudas if c not in policy.supported_cudas)
 
 
 def derive(pcwm: Pcwm, policy: GridPolicy) -> Grid:
-    """Rows, pins and phantoms from the PCWM and the owned policy (SPEC 3.2, 3.3). Pure.
+    """Rows, pins and phantoms from the PCWM and the owned policy (design.md §2.5, §2.6). Pure.
 
     The Python floor and the pre-release list apply first: a wheel for a
     Python the farm never targets neither makes a row nor moves a pin.
@@ -307,7 +307,7 @@ def render_phantoms_json(grid: Grid) -> str:
 
 
 def write_grid(grid: Grid, out_dir: Path | str | None = None) -> tuple[Path, Path]:
-    """Write grid.generated.yml and phantom_combos.json, each atomically. Refuses zero rows (SPEC 3.5)."""
+    """Write grid.generated.yml and phantom_combos.json, each atomically. Refuses zero rows (design.md §2.7)."""
     if not grid.rows:
         raise FarmError("derive produced zero grid rows: refusing to write an empty grid")
     out = Path(out_dir or settings.defaults_dir())

@@ -1,4 +1,4 @@
-"""Scrape the PyTorch wheel index into the PCWM (SPEC 2.1-2.4), failing closed.
+"""Scrape the PyTorch wheel index into the PCWM (design.md §2.1-2.4), failing closed.
 
 The index URL is a setting (a mirror, or the replay served on loopback); the
 label written into the file is a separate, canonical setting, so the bytes do
@@ -63,7 +63,7 @@ def links(html: str) -> list[tuple[str, str]]:
 
 
 def discover_lines(root_html: str) -> list[str]:
-    """CUDA lines linked from the root page: last path segment `cuNNN`, any link form (SPEC 2.1)."""
+    """CUDA lines linked from the root page: last path segment `cuNNN`, any link form (design.md §2.1)."""
     found = set()
     for href, _ in links(root_html):
         segments = [s for s in urlsplit(href).path.split("/") if s and s != "."]
@@ -81,7 +81,7 @@ class Wheel:
 
 
 def parse_wheel(name: str) -> Wheel | None:
-    """A torch wheel file name the farm targets, or None (SPEC 2.2: finals only, no `t`, known platforms)."""
+    """A torch wheel file name the farm targets, or None (design.md §2.2: finals only, no `t`, known platforms)."""
     if not name.endswith(".whl"):
         return None
     parts = name[:-4].split("-")
@@ -153,7 +153,7 @@ def _short(exc: Exception) -> str:
 
 def scrape(index_url: str, policy: GridPolicy, source_label: str = DEFAULT_SOURCE,
            fetcher: Fetcher | None = None) -> Scrape:
-    """Read the index into a PCWM, or raise UpstreamUnreadable naming the URL (SPEC 2.3)."""
+    """Read the index into a PCWM, or raise UpstreamUnreadable naming the URL (design.md §2.3)."""
     root = index_url if index_url.endswith("/") else index_url + "/"
     own = fetcher is None
     fetcher = fetcher or Fetcher()

@@ -1,4 +1,4 @@
-"""`farm matrix watch`: what the live index has that the committed grid lacks (SPEC 2.5).
+"""`farm matrix watch`: what the live index has that the committed grid lacks (design.md §2.8).
 
 The live index is scraped into memory and derived with the owned policy; the
 result is compared with the committed `grid.generated.yml`. Nothing under
@@ -155,7 +155,7 @@ def recipes_lacking(cuda: str) -> tuple[list[str] | None, str | None]:
 
 
 def checklist(cuda: str, live: Pcwm, defaults: Defaults) -> tuple[tuple[Task, ...], bool]:
-    """What a human must do before the farm builds a new line (SPEC 2.5)."""
+    """What a human must do before the farm builds a new line (design.md §2.8)."""
     folder = defaults.folder
 
     def shown(name):

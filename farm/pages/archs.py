@@ -1,10 +1,10 @@
 """The `archs/` page: what the farm compiles for, what torch itself carries, and who each channel serves.
 
 Three sections, static HTML, every string escaped, no scripts:
-- the arch policy per CUDA line (x86 lane and ARM lane) and its exceptions (SPEC 4);
-- the PAM: torch's own arch list per (torch, CUDA, platform) (SPEC 1, 5);
+- the arch policy per CUDA line (x86 lane and ARM lane) and its exceptions (design.md §3);
+- the PAM: torch's own arch list per (torch, CUDA, platform) (design.md §3.8);
 - coverage: per platform, a row per device and a column per channel, each cell native / JIT-only /
-  unknown / dead by SPEC 5's rules (farm.arch.find.coverage_rows), with the deciding reason as a tooltip;
+  unknown / dead by design.md §3.7's rules (farm.arch.find.coverage_rows), with the deciding reason as a tooltip;
   devices marked current that a channel leaves dead are flagged.
 """
 

@@ -1,9 +1,9 @@
-"""The wheelhouse's front page: find your wheel (SPEC 5, 10).
+"""The wheelhouse's front page: find your wheel (design.md §3.7, §10).
 
 The farm decides, the page only looks up. `find.json`, written beside the
 page, holds every channel (from the grid) and, for the policy's arch lists
 and for each recipe, every device's verdict on every channel, computed by
-farm.arch.find / farm.arch.coverage with SPEC 5's rules. The page's inline script
+farm.arch.find / farm.arch.coverage with design.md §3.7's rules. The page's inline script
 filters those by platform, Python, GPU (name or sm), CUDA and torch, orders
 them as `farm find` does (native first, then JIT-only; newest torch, then
 newest CUDA), falls back as `farm find` does when an installed torch has no
@@ -282,7 +282,7 @@ index and an exact pin, so a same-named project on PyPI with a higher version ca
 
 
 def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) -> list[Path]:
-    """The wheelhouse's human pages: index.html + find.json, matrix/, archs/ (SPEC 10).
+    """The wheelhouse's human pages: index.html + find.json, matrix/, archs/ (design.md §10).
 
     They depend on the policy, the grid and the recipes, not on the wheels
     (the find page reads packages/<project>.json live), so publishing never

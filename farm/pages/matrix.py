@@ -1,4 +1,4 @@
-"""The `matrix/` pages: the PCWM per CUDA line (SPEC 10), static HTML.
+"""The `matrix/` pages: the PCWM per CUDA line (design.md §10.2), static HTML.
 
 One table per CUDA line: a row per torch version (newest first), a column per
 Python, and in each cell a mark per platform with a wheel (L = linux x86_64,

@@ -1,4 +1,4 @@
-"""Build keys (SPEC 7.4): a hash of the SEMANTIC inputs of one wheel.
+"""Build keys (design.md §5.4): a hash of the SEMANTIC inputs of one wheel.
 
 Keyed: the resolved source pin, the recipe's build-relevant keys and patch
 contents (not `verify`, not comments), the resolved arch list, the exact

@@ -1,4 +1,4 @@
-"""Cells: one (package, CUDA, torch, Python, platform) build, one wheel (SPEC 7.1, 7.2).
+"""Cells: one (package, CUDA, torch, Python, platform) build, one wheel (design.md §5.1, §5.2).
 
 A recipe's rows are its own `combinations` (exact patches, looked up in the
 PCWM) or the grid (filtered by min/max torch). Rows x Pythons x platforms,
@@ -42,7 +42,7 @@ class Cell:
 
     @property
     def local_label(self) -> str:
-        """cu130torch2.13 for torch-linked wheels, cu130 for torch-free ones (SPEC 8.1 label)."""
+        """cu130torch2.13 for torch-linked wheels, cu130 for torch-free ones (design.md §6.5)."""
         return f"{cuda_tag(self.cuda)}torch{self.torch}" if self.links_torch else cuda_tag(self.cuda)
 
     @property
@@ -88,7 +88,7 @@ def _grid_rows(recipe: Recipe, defaults: Defaults, grid: Grid) -> Iterable[_Row]
 
 
 def _own_rows(recipe: Recipe, pcwm: Pcwm) -> Iterable[_Row]:
-    """Own combinations name exact patches: a cell exists when the PCWM has that exact wheel (SPEC 3.4)."""
+    """Own combinations name exact patches: a cell exists when the PCWM has that exact wheel (design.md §2.6)."""
     for combo in recipe.combinations:
         pythons = {p: tuple(py for py in combo.pythons if pcwm.has(combo.cuda, combo.torch, py, p))
                    for p in recipe.platforms}

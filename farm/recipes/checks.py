@@ -18,7 +18,7 @@ from farm.recipes.reader import check_build_order, collisions, folder_problems, 
 
 
 def recipe_hazards(recipe: Recipe, defaults: Defaults, grid=None, pcwm=None) -> list[Hazard]:
-    """Fallback hazards (SPEC 4.6) of one recipe over the lines it builds, per lane."""
+    """Fallback hazards (design.md §3.5) of one recipe over the lines it builds, per lane."""
     return fallback_hazards(recipe.name, recipe.arch, built_lines(recipe, defaults, grid, pcwm), defaults)
 
 

@@ -1,4 +1,4 @@
-"""What a recipe is once read (docs/design.md, SPEC 6): frozen dataclasses, tuples and read-only
+"""What a recipe is once read (docs/design.md, design.md §4): frozen dataclasses, tuples and read-only
 mappings only. `farm.recipes.reader` makes them from the YAML files; nothing here reads a file."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class AllowedMissing:
 
 @dataclass(frozen=True)
 class Verify:
-    """Knobs of the verify gate (SPEC 9). Not build-relevant."""
+    """Knobs of the verify gate (design.md §7). Not build-relevant."""
 
     import_names: tuple[str, ...] = ()
     extra_imports: tuple[str, ...] = ()
@@ -187,7 +187,7 @@ class Recipe:
     needs_patch: bool = False
     build_deps: tuple[str, ...] = ()
     cuda_components: tuple[str, ...] = ()
-    allow_graft: tuple[str, ...] = ()      # sonames (fnmatch) auditwheel may copy in (SPEC 8.1 step 6)
+    allow_graft: tuple[str, ...] = ()      # sonames (fnmatch) auditwheel may copy in (design.md §6.6)
     env: Mapping[str, str] = field(default_factory=lambda: frozen({}))
     pre_build: str | None = None
     patches: tuple[Patch, ...] = ()
@@ -196,12 +196,12 @@ class Recipe:
     nvcc_flags: str | None = None
     requires_dist: tuple[str, ...] | None = None   # None: keep the wheel's own metadata
     verify: Verify = field(default_factory=Verify)
-    # Scheduling hints (SPEC 8.4, 8.6), not build inputs: they never change a build key.
+    # Scheduling hints (design.md §11.2, §11.5), not build inputs: they never change a build key.
     peak_gb_per_job: float | None = None   # None: the policy default (memory admission)
     timeout: int | None = None             # minutes one cell may take (farm build, CI timeout-minutes)
     self_hosted: bool = False              # huge builds: CI routes them to a self-hosted runner label
 
-    # -- arch fields, as SPEC 6 names them (parsed into `arch`)
+    # -- arch fields, as design.md §4 names them (parsed into `arch`)
     @property
     def arch_list(self) -> ArchList | None:
         return self.arch.arch_list
@@ -239,11 +239,11 @@ class Recipe:
                 self.nvcc_threads or policy.whole_default("nvcc_threads", 1))
 
     def peak_gb(self, defaults: Defaults) -> float:
-        """Peak GB of one compile job (memory admission, SPEC 8.4): the recipe's, else the policy's, else 8."""
+        """Peak GB of one compile job (memory admission, design.md §11.2): the recipe's, else the policy's, else 8."""
         return self.peak_gb_per_job or defaults.grid_policy.peak_gb_per_job
 
     def build_relevant(self) -> dict:
-        """The keys that feed the build key (SPEC 7.4): everything but `verify` (comments never get here).
+        """The keys that feed the build key (design.md §5.4): everything but `verify` (comments never get here).
 
         Plain JSON-able data; keys at their default value are left out, so writing a default
         explicitly does not change the key.

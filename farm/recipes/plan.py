@@ -1,4 +1,4 @@
-"""The plan: every cell of every recipe, with filters, shards and build keys (SPEC 7.3).
+"""The plan: every cell of every recipe, with filters, shards and build keys (design.md §5.3).
 
 `full_plan()` loads defaults, recipes, grid and PCWM once and returns the
 cells; `session_index()` is the small cached list (ids and tags) the

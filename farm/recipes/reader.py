@@ -1,4 +1,4 @@
-"""Reading recipes (docs/design.md, SPEC 6): one YAML file per package, validated into an immutable
+"""Reading recipes (docs/design.md, design.md §4): one YAML file per package, validated into an immutable
 `Recipe` (`load_recipe`), and the whole folder (`load_recipes`).
 
 Every problem is one line naming the file, the key and the value (BadInput, exit 2). `load_recipe`
@@ -160,7 +160,7 @@ def _wheel_abi(d: _Draft, value, key: str) -> str:
 
 
 def _arch(d: _Draft) -> None:
-    """The arch lists and fallback (SPEC 4.6) into `arch`; each written once, by supported CUDA line."""
+    """The arch lists and fallback (design.md §3.5) into `arch`; each written once, by supported CUDA line."""
     r, data, supported = d.r, d.data, d.defaults.grid_policy.supported_cudas
     arch = ArchOverrides.from_mapping({k: data[k] for k in ARCH_KEYS if k in data}, r.where)
     for key in ("arch_list", "arch_list_aarch64"):
@@ -296,7 +296,7 @@ def check_references(recipe: Recipe, names: Iterable[str]) -> None:
 
 
 def _check_toolkits(recipe: Recipe, defaults: Defaults, grid, pcwm) -> None:
-    """Each lane's lists against the toolkits of the lines that lane builds (SPEC 4.6: an error, never a drop)."""
+    """Each lane's lists against the toolkits of the lines that lane builds (design.md §3.5: an error, never a drop)."""
     where = settings.display(recipe.path)
     built = built_lines(recipe, defaults, grid, pcwm)
     arch = recipe.arch

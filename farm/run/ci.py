@@ -1,4 +1,4 @@
-"""GitHub Actions: matrices of cell ids chunked under GitHub's limits (SPEC 7.3), and the workflows
+"""GitHub Actions: matrices of cell ids chunked under GitHub's limits (design.md §5.3), and the workflows
 `farm ci github` writes (issue 8: scale-out on an existing engine).
 
 `farm-build.yml`:
@@ -8,7 +8,7 @@
   1 MB per job even when every cell is missing.
 - one `build_<lane>_<n>` job per (lane, chunk): a matrix of at most 256 cell ids, `timeout-minutes`
   from the chunk's recipes, x86 / arm64 / Windows runners per lane, and a self-hosted label for
-  recipes marked `self_hosted` (huge builds, SPEC 8.6). Each matrix job runs exactly
+  recipes marked `self_hosted` (huge builds, design.md §11.5). Each matrix job runs exactly
   `farm build <cell>` and then `farm publish` into its host's staging folder, uploaded as an artifact.
 - one `index` job merges every staging folder into the wheelhouse (`farm index merge`) under a
   `concurrency` group, so two runs never write the index at once.

@@ -1,4 +1,4 @@
-"""`farm run` (SPEC 11, 8.4): plan, skip what is built, build the rest in parallel, resumably.
+"""`farm run` (design.md §11.1, §11.2): plan, skip what is built, build the rest in parallel, resumably.
 
     result = run_farm(RunOptions(filters=Filters(package=("farm_demo",)), jobs=2))
     result.exit_code   # 0 only when every selected cell is built, skipped or an expected failure
@@ -58,7 +58,7 @@ class RunResult:
 
 
 def run_farm(options: RunOptions, *, out=None) -> RunResult:
-    """Plan, skip, build, report. Returns the result; the exit code follows SPEC 11."""
+    """Plan, skip, build, report. Returns the result; the exit code follows design.md §11.1."""
     from farm.run.report import Display
 
     t0 = time.time()

@@ -1,4 +1,4 @@
-"""The processes of `farm run` (SPEC 11): each cell builds in its own child process
+"""The processes of `farm run` (design.md §11.1): each cell builds in its own child process
 (`python -m farm.run.processes --child`, which calls farm.build.cell.build_cell) in its own session, so a
 crash or a failure stays in that cell; on an interrupt a child's whole process tree is stopped.
 """

@@ -1,8 +1,8 @@
-"""The parallel loop of `farm run` (SPEC 8.4 and 11): admit cells as memory and their
+"""The parallel loop of `farm run` (design.md §11.2 and 11): admit cells as memory and their
 dependencies allow, start each in its child process, reap, retry an out-of-memory kill once, stop on an
 interrupt.
 
-- **Memory admission** (SPEC 8.4): a cell reserves `max_jobs x peak_gb_per_job` of the budget
+- **Memory admission** (design.md §11.2): a cell reserves `max_jobs x peak_gb_per_job` of the budget
   (`--mem-budget`, default: MemAvailable at start). When its recipe's max_jobs does not fit what is
   free, max_jobs is clamped for that build and the clamp recorded in its build record; an out of
   memory kill (exit 137, SIGKILL, a compiler "Killed") is `oom` and retried once with max_jobs
@@ -52,7 +52,7 @@ def default_jobs() -> int:
 
 
 def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool) -> tuple[int | None, str | None]:
-    """(max_jobs to run with, the clamp's reason) for a cell, or (None, None) to wait (SPEC 8.4)."""
+    """(max_jobs to run with, the clamp's reason) for a cell, or (None, None) to wait (design.md §11.2)."""
     fit = int(free_gb // peak_gb) if peak_gb > 0 else want
     if fit >= want:
         return want, None

@@ -1,4 +1,4 @@
-"""What `farm run` builds (SPEC 11): the selected cells that are not built yet, the cells
+"""What `farm run` builds (design.md §11.1): the selected cells that are not built yet, the cells
 they need through `build_requires_farm`, minus what this host cannot build.
 
 - **Finished** means the cell's build key is in the wheelhouse manifest: a restart after SIGINT or a

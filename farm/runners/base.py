@@ -1,6 +1,6 @@
 """What every runner is (the `Runner` protocol) and the parts they share: mounts, the step log.
 
-Both runners run the SAME entrypoint, `python -m farm.build.steps <args>` (SPEC 8.1); they
+Both runners run the SAME entrypoint, `python -m farm.build.steps <args>` (design.md §6); they
 differ only in mounts, limits and network:
 
 - `container` (farm/runners/container.py): the builder image through the engine; every
@@ -61,7 +61,7 @@ class Runner(Protocol):
         """Run `python -m farm.build.steps <argv>`; output (stdout+stderr) is appended to log_path.
 
         Returns (exit_code, log_path). A timeout gives exit code 124. An out-of-memory
-        kill shows as 137; callers decide what that means (SPEC 8.4).
+        kill shows as 137; callers decide what that means (design.md §11.2).
         """
         ...
 

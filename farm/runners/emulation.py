@@ -1,4 +1,4 @@
-"""Emulated builds: an aarch64 cell on an x86_64 host runs under QEMU user emulation (SPEC 0.4, 8.4).
+"""Emulated builds: an aarch64 cell on an x86_64 host runs under QEMU user emulation (design.md §8.4).
 
 Every instruction of the compiler is translated, so an emulated cell costs several
 native ones (`make bench` measures the ratio) and gets its own, lower concurrency

@@ -1,7 +1,7 @@
 """The container engine behind the Docker CLI: docker or podman, one class.
 
 The farm speaks only Docker CLI verbs (build, create, start, wait, rm, run, cp,
-inspect, import), which both `docker` and `podman` understand (SPEC 8.2). Which
+inspect, import), which both `docker` and `podman` understand (design.md §8.2). Which
 executable is used: `FARM_ENGINE` (docker | podman | a path), else the first of
 docker, podman that answers `info`. Engine differences are handled here and
 nowhere else; each one is commented where it is handled.

@@ -3,7 +3,7 @@
 Mount targets are ignored (a step sees host paths); there are no limits. With
 network=False the step runs in a new network namespace (`unshare -n`, util-linux)
 when we are root and it works; otherwise the network stays open and describe()
-says `network: open` (such wheels are dev-only, SPEC 8.1).
+says `network: open` (such wheels are dev-only, design.md §8.1).
 """
 
 from __future__ import annotations
@@ -94,6 +94,6 @@ class HostRunner:
         pythons = sorted({own} | {".".join(p.name.split(".")[:2]) for p in images.pyenv_prefixes()},
                          key=lambda v: tuple(int(x) for x in v.split(".")))
         return {"runner": self.kind, "arch": self.arch, "glibc": glibc, "image_id": None,
-                # The host's tag is what `auditwheel show` allows for each wheel (SPEC 8.3).
+                # The host's tag is what `auditwheel show` allows for each wheel (design.md §8.3).
                 "plat": None, "pythons": pythons, "network_when_off": self.network_isolation,
                 "limits": None}

@@ -49,7 +49,7 @@ IMAGE_FACTS_PATH = "/etc/farm-image.json"
 # A shared object like a torch extension's: C++ standard library, threads, call_once,
 # thread_local. What its symbol versions need is the lowest tag the image's toolchain
 # gives such code: on glibc >= 2.34 std::call_once binds pthread_once@GLIBC_2.34
-# (libpthread moved into libc), so a Debian 12 base yields manylinux_2_34 (SPEC 8.3).
+# (libpthread moved into libc), so a Debian 12 base yields manylinux_2_34 (design.md §8.3).
 _PLAT_PROBE_CPP = r"""
 #include <cmath>
 #include <mutex>

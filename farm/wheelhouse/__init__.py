@@ -1,4 +1,4 @@
-"""The wheelhouse: a manifest-first, crash-safe PEP 503 index with per-(CUDA, torch) channels (SPEC 10).
+"""The wheelhouse: a manifest-first, crash-safe PEP 503 index with per-(CUDA, torch) channels (design.md §9).
 
 Public API:
   publish(wheels, wheelhouse, record=None) -> PublishResult

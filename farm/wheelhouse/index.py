@@ -3,7 +3,7 @@
 Every page is a pure function of the journal (plus the optional
 `config.json`), so `rebuild` and an incremental publish produce the same
 bytes. Nothing here opens a wheel: hashes, sizes and Requires-Python come
-from the manifest (SPEC 10).
+from the manifest (design.md §9.2).
 
 Layout (relative to the wheelhouse):
   files/<project>/<wheel>[.metadata]

@@ -1,4 +1,4 @@
-"""The journal's index (SPEC 10): manifest.jsonl's lines grouped by project, with a Summary per project,
+"""The journal's index (design.md §9): manifest.jsonl's lines grouped by project, with a Summary per project,
 cached in `.manifest.idx`, so a publish reads only the projects it touches (see JournalIndex).
 """
 

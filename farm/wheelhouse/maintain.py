@@ -152,7 +152,7 @@ def verify(wheelhouse) -> list[str]:
     The journal (missing, empty, torn tail, damaged lines), every wheel and sidecar re-hashed against
     it, everything under files/ (symlinks and other non-regular files, orphans no record accounts for),
     every page and packages.json against what the journal gives, the journal cache, and every link of
-    every page. Reads every wheel body; index pages never do, this is the separate check SPEC 10 asks
+    every page. Reads every wheel body; index pages never do, this is the separate check design.md §9.5 asks
     for. A symlink is reported, never followed.
     """
     root = house_folder(wheelhouse)

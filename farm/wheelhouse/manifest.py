@@ -1,4 +1,4 @@
-"""The wheelhouse journal: `manifest.jsonl`, append-only, the source of truth (SPEC 10).
+"""The wheelhouse journal: `manifest.jsonl`, append-only, the source of truth (design.md §9.2).
 
 One JSON object per line. `{"op": "add", ...}` records a published wheel (a
 ManifestEntry); `{"op": "remove", "file": ...}` records a pruned one. Lines are
@@ -22,7 +22,7 @@ files/ holds wheels) it refuses in one line, so a record is never dropped
 silently.
 
 Yanking is not journalled: it is a pure function of the journal (retention
-keeps the last two wheels per cell, SPEC 10), so pages and `packages.json`
+keeps the last two wheels per cell, design.md §9.4), so pages and `packages.json`
 derive it the same way every time.
 
 A publish reads the journal per project through its index and cache (journalindex.py).
@@ -70,7 +70,7 @@ class ManifestEntry:
     sha256: str
     metadata_sha256: str        # sha256 of files/<project>/<file>.metadata (PEP 658 / 714)
     requires_python: str | None
-    cell: str                   # SPEC 7.2 cell id (from the build record, else derived from the name)
+    cell: str                   # design.md §5.2 cell id (from the build record, else derived from the name)
     build_key: str | None = None
     arch_list: str | None = None
     published: str = ""         # UTC, ISO 8601

@@ -1,4 +1,4 @@
-"""Merge per-host staging wheelhouses into one wheelhouse (SPEC 10: several build hosts, one indexer).
+"""Merge per-host staging wheelhouses into one wheelhouse (design.md §9.6: several build hosts, one indexer).
 
 Each build host (a CI job, a `farm run --shard` host) publishes into its own staging folder, a
 complete wheelhouse of its own. The indexer publishes every staged wheel into the real house with

@@ -1,7 +1,7 @@
 """Reading what a farm wheel's file name says: project, version, local label, tags.
 
 A farm wheel carries its cell in its local version label: `+cu128torch2.8`
-for torch-linked wheels, `+cu128` for torch-free ones (SPEC 0.5, 8.1 step 5).
+for torch-linked wheels, `+cu128` for torch-free ones (design.md §6.5).
 Anything else is refused with one line naming the file.
 """
 
@@ -72,7 +72,7 @@ class WheelName:
         return self.abi_tag not in ("abi3", "none")
 
     def cell_id(self) -> str:
-        """SPEC 7.2 cell id derived from the file name (used when no build record names the cell)."""
+        """design.md §5.2 cell id derived from the file name (used when no build record names the cell)."""
         floor = self.python_floor
         py = f"py{floor[0]}{floor[1]}" if floor else "py3"
         torch = f"-torch{self.torch}" if self.torch else ""

@@ -1,4 +1,4 @@
-"""Publishing wheels into the wheelhouse (SPEC 10), crash-safe and concurrent-safe.
+"""Publishing wheels into the wheelhouse (design.md §9.3), crash-safe and concurrent-safe.
 
 Order of writes, each one leaving an index whose every link resolves:
 1. every wheel is validated first (name, label, METADATA, build record): a bad one stops all, nothing written;

@@ -1,4 +1,4 @@
-"""`farm index recover`: rebuild the journal from what is on disk, then every page (SPEC 10).
+"""`farm index recover`: rebuild the journal from what is on disk, then every page (design.md §9.5).
 
 For a house whose journal is torn, damaged, missing or empty, or whose files/ holds files no record
 accounts for. Under the lock:

@@ -1,4 +1,4 @@
-"""`farm serve`: the wheelhouse over HTTP, loopback by default (SPEC 10).
+"""`farm serve`: the wheelhouse over HTTP, loopback by default (design.md §9.7).
 
 A static file server with three additions an index needs:
 - PEP 691 content negotiation: a project or root folder answers with its

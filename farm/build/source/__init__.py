@@ -1,4 +1,4 @@
-"""Build step 1, source (SPEC 8.1): fetch, verify, copy to a per-cell work dir, patch.
+"""Build step 1, source (design.md §6): fetch, verify, copy to a per-cell work dir, patch.
 
 Three kinds of source, each cached by its pin under cache_dir()/sources:
 

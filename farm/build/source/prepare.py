@@ -1,4 +1,4 @@
-"""Build step 1 for one cell (SPEC 8.1): fetch the source, add the extra sources,
+"""Build step 1 for one cell (design.md §6): fetch the source, add the extra sources,
 apply the patches, and put the tree in place as the cell's work dir.
 
 The work dir is assembled in a temporary sibling and renamed into place only
@@ -47,7 +47,7 @@ class SourceResult:
     exclude: tuple[str, ...] = ()                  # git only: paths left out of the checkout
 
     def key_inputs(self) -> dict:
-        """The semantic inputs for the build key (SPEC 7.4): no paths, no descriptions."""
+        """The semantic inputs for the build key (design.md §5.4): no paths, no descriptions."""
         out = {
             "kind": self.kind,
             "pin": self.pin,

@@ -1,4 +1,4 @@
-"""The static checks of the gate (SPEC 9.2-9.6): the file name, METADATA, that binaries exist, the
+"""The static checks of the gate (design.md §7.2-7.6): the file name, METADATA, that binaries exist, the
 ELF files' DT_NEEDED / RPATH / GLIBC demand, torch linkage of a torch-free recipe, and the CUDA
 arches in the fatbins. Each takes the opened `Wheel` and the `Expectation` and returns one
 `CheckResult`; none imports the wheel.
@@ -24,7 +24,7 @@ from farm.errors import FatbinError
 from farm.platforms import from_wheel_platform_tag, lane, origin_relative
 from farm.recipes.model import Verify as VerifyKnobs
 
-# DT_NEEDED names every Linux wheel may use (SPEC 9.4): glibc's own libraries and the C++ runtime.
+# DT_NEEDED names every Linux wheel may use (design.md §7.4): glibc's own libraries and the C++ runtime.
 _SYSTEM_NEEDED = re.compile(
     r"^(?:lib(?:c|m|dl|pthread|rt|util|resolv|nsl|anl|crypt|BrokenLocale|mvec|thread_db)\.so\.\d+"
     r"|ld-linux[\w.-]*\.so\.\d+|ld64\.so\.\d+|libstdc\+\+\.so\.6|libgcc_s\.so\.1)$")

@@ -1,4 +1,4 @@
-"""The gate: `verify_wheel(path, expectation)` runs the checks of SPEC 9 in order, cheapest first,
+"""The gate: `verify_wheel(path, expectation)` runs the checks of design.md §7 in order, cheapest first,
 each named (`CHECKS`): first the wheel as a file (`wheel_file_problems`: zip, member paths, WHEEL,
 RECORD), then each pass / warn / fail / skip with a message, and returns a `Report` (JSON per
 wheel). A failed static check skips the import check (importing a broken wheel proves nothing and
@@ -48,7 +48,7 @@ def _static_checks(report: Report, w: Wheel, exp: Expectation, env: TorchEnv | N
 def verify_wheel(path: Path | str, expectation: Expectation, *, torch_env: Path | None = None,
                  skip_import: bool = False, python: Path | None = None,
                  import_child: ImportChild | None = None) -> Report:
-    """Run every check of SPEC 9 on one wheel. Raises GateCannotRun when the gate cannot judge.
+    """Run every check of design.md §7 on one wheel. Raises GateCannotRun when the gate cannot judge.
 
     torch_env: the cell's torch environment (a venv/prefix or its python); it supplies the
     interpreter of the import check and the exact sonames torch provides for the ELF check.

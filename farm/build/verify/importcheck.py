@@ -1,4 +1,4 @@
-"""The import check (SPEC 9.7): the wheel installed into a folder of its own and imported by a
+"""The import check (design.md §7.7): the wheel installed into a folder of its own and imported by a
 fresh child process of the cell's interpreter with no GPU visible (`ImportChild`), with a libcuda
 stub when verify.needs_driver asks for one (`libcuda_stub_dir`).
 """
@@ -215,7 +215,7 @@ def install_into(wheel: Path, target: Path, python: Path) -> str | None:
 
 def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None,
                  started: ImportChild | None = None) -> CheckResult:
-    """SPEC 9.7. `started`: a child started earlier (see ImportChild), used when it fits this check."""
+    """design.md §7.7. `started`: a child started earlier (see ImportChild), used when it fits this check."""
     knobs = exp.knobs
     if knobs.skip_import:
         reason = knobs.skip_import if isinstance(knobs.skip_import, str) else "verify.skip_import"

@@ -42,7 +42,7 @@ class TorchEnv:
         return cls(python, torch_dir)
 
     def sonames(self) -> list[str]:
-        """Every shared library torch and its nvidia-* wheels provide (SPEC 8.1 repair excludes the same)."""
+        """Every shared library torch and its nvidia-* wheels provide (the repair step excludes the same, design.md §6.6)."""
         if self.torch_dir is None:
             return []
         roots = [self.torch_dir / "lib", self.torch_dir.parent / "nvidia"]
