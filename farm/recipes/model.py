@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from farm.arch.archlist import ArchList
 from farm.arch.resolve import ArchOverrides
@@ -17,6 +17,16 @@ from farm.versions import vtuple
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")   # {LOCAL}, {LOCAL:x}, {VER:x}, {CUDA_HOME} ...
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why `name` cannot be a path inside a tree (absolute, a drive, a '..' part), or None.
+    Backslashes count as separators: a recipe or an archive may come from Windows."""
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "absolute path"
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        return "'..' in path"
+    return None
 
 
 @dataclass(frozen=True)

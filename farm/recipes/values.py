@@ -10,7 +10,7 @@ import difflib
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -34,6 +34,7 @@ from farm.recipes.model import (
     Source,
     Verify,
     placeholders_in,
+    unsafe_name,
 )
 
 SOURCE_KINDS = ("git", "sdist", "path")
@@ -241,6 +242,9 @@ def read_source(r: Reader, value, key: str) -> Source:
     specs = list(pin.specifier) if pin else []
     if not pin or len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
         r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3'")
+    if pin.extras or pin.marker:
+        # One release's sdist: extras and markers choose nothing among its files.
+        r.fail(f"{key}.sdist.pypi", pypi, "expected an exact pin like 'name==1.2.3' (no extras, no markers)")
     return Source("sdist", pypi=pypi, sha256=sha)
 
 
@@ -449,8 +453,10 @@ def read_extra_sources(r: Reader, value) -> tuple[ExtraSource, ...]:
             if req not in item and req != gitsparse.KEY:
                 r.fail(f"{key}.{req}", None, "missing required key")
         dest = r.string(item["dest"], f"{key}.dest")
-        if Path(dest).is_absolute() or ".." in Path(dest).parts:
+        if unsafe_name(dest):
             r.fail(f"{key}.dest", dest, "must be a relative path inside the source tree")
+        if not PurePosixPath(dest.replace("\\", "/")).parts:
+            r.fail(f"{key}.dest", dest, "names the source tree itself: give a folder or file inside it")
         if not is_git:
             out.append(ExtraSource(_read_url(r, item["url"], f"{key}.url"),
                                    r.sha256(item["sha256"], f"{key}.sha256"), dest))
