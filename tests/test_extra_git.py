@@ -92,22 +92,24 @@ def test_a_blob_upstream_lacks_names_the_extra_sources_exclude_and_leaves_nothin
 
 
 @pytest.mark.parametrize("item, key, problem", [
-    (lambda old, new: extra("3.4.90"), "extra_sources[0].commit", "full 40-hex commit SHA"),
-    (lambda old, new: extra(old[:12]), "extra_sources[0].commit", "full 40-hex commit SHA"),
-    (lambda old, new: extra("0" * 40), "extra_sources[0].commit", "no such commit in " + FAKE_URL),
-    (lambda old, new: extra(old, dest="../outside"), "extra_sources[0].dest", "inside the source tree"),
-    (lambda old, new: extra(old, exclude="doc/"), "extra_sources[0].exclude", "expected a list"),
-    (lambda old, new: extra(old, exclude=["!doc"]), "extra_sources[0].exclude[0]", "re-include"),
-    (lambda old, new: extra(old, dest="setup.py"), "extra_sources[0].dest", "already exists"),
-], ids=["a tag", "a short sha", "an unknown commit", "dest outside", "exclude not a list",
-        "exclude negation", "dest taken"])
-def test_the_source_step_refuses_a_bad_git_extra_source_in_one_line(vendor, main_repo, tmp_path, item, key, problem):
-    _, old, new = vendor
-    repo, sha = main_repo
+    (lambda old, tree: extra("0" * 40), "extra_sources[0].commit", "no such commit in " + FAKE_URL),
+    (lambda old, tree: extra(old, dest="setup.py"), "extra_sources[0].dest", "already exists"),
+    (lambda old, tree: extra(old, dest="vendor/eigen"), "extra_sources[0].dest", "leads outside the source tree"),
+], ids=["an unknown commit", "dest taken", "dest through a link out of the tree"])
+def test_the_source_step_refuses_what_upstream_and_the_fetched_tree_say_in_one_line(
+        vendor, main_repo, tmp_path, item, key, problem):
+    """What the recipe's text cannot tell (the loader's refusals are the BAD cases below): a commit
+    upstream lacks, a dest the fetched tree already has, a dest a link in the fetched tree leads out."""
+    _, old, _ = vendor
+    repo, _ = main_repo
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "vendor").symlink_to(outside)
+    sha = commit(repo, {}, "a link out of the tree")
     with pytest.raises(BadInput) as err:
-        prep(src(repo, sha), tmp_path / "work", extra_sources=[item(old, new)], where="recipes/pkg.yml")
+        prep(src(repo, sha), tmp_path / "work", extra_sources=[item(old, outside)], where="recipes/pkg.yml")
     assert err.value.key == key and problem in str(err.value) and "\n" not in str(err.value), str(err.value)
-    assert not (tmp_path / "work").exists()
+    assert not (tmp_path / "work").exists() and not list(outside.iterdir())
 
 
 HEADER = ("name: pkg\nlinks_torch: true\nsource:\n  git:\n    url: https://github.com/example/pkg.git\n"
@@ -141,6 +143,17 @@ BAD = [
      "extra_sources[0].exclude[0]: '/*': would exclude the whole tree"),
     ("a 1 MB commit", f"- {{git: {FAKE_URL}, commit: '{'f' * 1_000_000}', dest: eigen}}\n",
      "extra_sources[0].commit: 'ffff"),
+    # what the source step used to refuse after loading: the loader's now
+    ("exclude not a list", f"- {{git: {FAKE_URL}, commit: '{SHA}', dest: eigen, exclude: doc/}}\n",
+     "extra_sources[0].exclude: 'doc/': expected a non-empty list"),
+    ("an exclude negation", f"- {{git: {FAKE_URL}, commit: '{SHA}', dest: eigen, exclude: ['!doc']}}\n",
+     "extra_sources[0].exclude[0]: '!doc': a '!' re-include"),
+    ("a Windows drive dest", f"- {{git: {FAKE_URL}, commit: '{SHA}', dest: 'C:\\eigen'}}\n",
+     "extra_sources[0].dest: 'C:\\\\eigen': must be a relative path inside the source tree"),
+    ("a backslash dest with ..", f"- {{git: {FAKE_URL}, commit: '{SHA}', dest: 'a\\..\\..\\b'}}\n",
+     "extra_sources[0].dest: 'a\\\\..\\\\..\\\\b': must be a relative path inside the source tree"),
+    ("the tree itself as dest", f"- {{git: {FAKE_URL}, commit: '{SHA}', dest: ./}}\n",
+     "extra_sources[0].dest: './': names the source tree itself"),
 ]
 
 
@@ -190,7 +203,7 @@ def test_the_farms_own_source_step_reads_a_git_extra_source_from_the_recipe(vend
     recipe = load_recipe(path, load_defaults())
     part = from_plain(SourcePart, json.loads(json.dumps(to_plain(source_part(recipe)))), "spec.source")
     assert part == source_part(recipe)
-    res = fetch_source(part, tmp_path / "work", name="pkg", where="recipes/pkg.yml", platform="linux", cuda="13.0")
+    res = fetch_source(part, tmp_path / "work", where="recipes/pkg.yml", platform="linux", cuda="13.0")
     assert res.extra_sources == (("vendor/eigen", FAKE_URL, old),)
     assert subprocess.run(["git", "-C", str(tmp_path / "work" / "vendor" / "eigen"), "status", "--porcelain"],
                           capture_output=True, text=True, check=True).stdout == ""

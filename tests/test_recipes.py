@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from farm.arch.archlist import ArchList
-from farm.build.source.git import FULL_SHA
 from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes, recipe_hazards
 from farm.recipes.lines import built_lines
+from farm.recipes.model import FULL_SHA
 from farm.recipes.reader import TOP_KEYS, load_recipe, load_recipes
 from farm.settings import PROJECT_ROOT
 
@@ -200,7 +200,7 @@ def test_malformed_recipe_is_one_line_naming_file_key_and_value(tmp_path, defaul
 
 
 def test_a_patch_when_cuda_is_a_line_or_a_bound_and_the_loader_refuses_anything_else(tmp_path, defaults):
-    """One reading of `when` for the loader's Patch.applies and the source step (model.when_matches)."""
+    """One reading of `when`: the loaded Patch.applies, which the source step asks."""
     folder = tmp_path / "recipes"
     (folder / "patches" / "pkg").mkdir(parents=True)
     (folder / "patches" / "pkg" / "fix.patch").write_text("")

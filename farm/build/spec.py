@@ -26,7 +26,7 @@ from farm.recipes.cells import Cell
 from farm.recipes.model import ExtraSource, Patch, Recipe, Source, Verify
 
 # Bumped whenever a field changes meaning; a step refuses a spec of another schema.
-SCHEMA = 1
+SCHEMA = 2
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,13 @@ class RecipePart:
 
 @dataclass(frozen=True)
 class SourcePart:
-    """The source step's inputs (host paths: the source step always runs on the host)."""
+    """The source step's inputs, as the recipe loader made them (host paths: a `path` source's folder and
+    each patch's file are resolved against the recipe's folder, and the source step always runs on the host)."""
 
     source: Source
     submodules: bool
     extra_sources: tuple[ExtraSource, ...]
     patches: tuple[Patch, ...]
-    patches_dir: Path
-    base_dir: Path                   # where a relative `path` source is resolved
 
 
 @dataclass(frozen=True)
@@ -140,9 +139,8 @@ def recipe_part(recipe: Recipe, *, requires_dist, max_jobs: int, nvcc_threads: i
 
 
 def source_part(recipe: Recipe) -> SourcePart:
-    folder = Path(recipe.path).parent
     return SourcePart(source=recipe.source, submodules=recipe.submodules, extra_sources=recipe.extra_sources,
-                      patches=recipe.patches, patches_dir=folder / "patches" / recipe.name, base_dir=folder)
+                      patches=recipe.patches)
 
 
 # ----- the JSON form ----------------------------------------------------------------

@@ -61,7 +61,7 @@ class Steps:
     # ----- 1. source ------------------------------------------------------------
 
     def source(self) -> dict:
-        return fetch_source(self.spec.source, self.work / "src", name=self.recipe.name, where=self.recipe.where,
+        return fetch_source(self.spec.source, self.work / "src", where=self.recipe.where,
                             platform=self.cell.platform, cuda=self.cell.cuda).record()
 
     # ----- 2. environment ----------------------------------------------------------
@@ -219,14 +219,12 @@ class Steps:
                 "warnings": [f"{c.name}: {c.message}" for c in report.checks if c.status == "warn"]}
 
 
-def fetch_source(part: SourcePart, dest: Path, *, name: str, where: str, platform: str, cuda: str):
+def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cuda: str):
     """The source step: the recipe's source, extra sources and the patches for (platform, cuda) into `dest`."""
     from farm.build.source.prepare import prepare_source
 
-    return prepare_source(part.source.plain(), dest, name=name, platform=platform, cuda=cuda,
-                          submodules=part.submodules, extra_sources=[e.plain() for e in part.extra_sources],
-                          patches=[{"file": p.file, "when": dict(p.when)} for p in part.patches],
-                          patches_dir=part.patches_dir, base_dir=part.base_dir, where=where)
+    return prepare_source(part.source, dest, platform=platform, cuda=cuda, submodules=part.submodules,
+                          extra_sources=part.extra_sources, patches=part.patches, where=where)
 
 
 def _read_state(out: Path) -> dict:

@@ -112,25 +112,13 @@ class Patch:
         return self.file.endswith(".py")
 
     def applies(self, platform: str, cuda: str) -> bool:
-        return when_matches(self.when, platform, cuda)
-
-
-def when_matches(when: Mapping | None, platform: str, cuda: str) -> bool:
-    """A patch's `when: {platform, cuda}`: each a value or a list; a cuda entry is a line ('12.8', or '12'
-    for every 12.x) or a bound ('>=12.8', '<13'). The recipe loader has checked each entry."""
-    if not when:
-        return True
-    plats = when.get("platform")
-    if plats is not None:
-        plats = [plats] if isinstance(plats, str) else list(plats)
-        if platform not in plats:
+        """`when: {platform, cuda}`: each a tuple of values (any may match); a cuda entry is a line
+        ('12.8', or '12' for every 12.x) or a bound ('>=12.8', '<13'). The loader checked each entry."""
+        plats = self.when.get("platform")
+        if plats is not None and platform not in plats:
             return False
-    cudas = when.get("cuda")
-    if cudas is not None:
-        cudas = [str(cudas)] if isinstance(cudas, (str, int, float)) else [str(c) for c in cudas]
-        if not any(cuda_matches(c, cuda) for c in cudas):
-            return False
-    return True
+        cudas = self.when.get("cuda")
+        return cudas is None or any(cuda_matches(c, cuda) for c in cudas)
 
 
 CUDA_CONDITION = re.compile(r"\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*")

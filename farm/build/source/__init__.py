@@ -9,4 +9,6 @@ Three kinds of source, each cached by its pin under cache_dir()/sources:
 
 prepare.py assembles a cell's work dir from the source, the extra sources and the patches
 (patches.py); base.py holds what they share (what a fetch returns, the cache folder; the errors are in farm.errors).
+Every function takes the loaded recipe's typed values, already checked by the recipe loader:
+what is checked here is what fetching finds (design.md §6.1).
 """

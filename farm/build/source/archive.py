@@ -21,12 +21,14 @@ from urllib.parse import urljoin
 
 import requests
 from filelock import FileLock
+from packaging.requirements import Requirement
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
 from farm import settings
-from farm.build.source.base import Fetched, check_sha256, sources_cache, unsafe_name
+from farm.build.source.base import Fetched, sources_cache
 from farm.errors import BadInput, SourceError, UnsafeArchive
+from farm.recipes.model import unsafe_name
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar", ".zip")
 HTTP_TIMEOUT = (15, 300)
@@ -37,13 +39,12 @@ def pypi_index() -> str:
     return settings.PYPI_URL.value().rstrip("/")
 
 
-def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:
-    """'name==version' -> the URL of that release's sdist, from PyPI's simple index (PEP 691 JSON,
-    or PEP 503 HTML when a plain mirror answers): the interface every PyPI mirror and proxy serves."""
-    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*", str(requirement))
-    if not m:
-        raise BadInput(where, "source.sdist.pypi", requirement, "expected name==version")
-    name, version = m.groups()
+def resolve_pypi_sdist(pin: str, where: str = "recipe") -> str:
+    """'name==version' (a pin the recipe loader checked) -> the URL of that release's sdist, from
+    PyPI's simple index (PEP 691 JSON, or PEP 503 HTML when a plain mirror answers): the interface
+    every PyPI mirror and proxy serves."""
+    requirement = Requirement(pin)
+    name, version = requirement.name, next(iter(requirement.specifier)).version
     page = f"{pypi_index()}/simple/{canonicalize_name(name)}/"
     try:
         resp = requests.get(page, timeout=HTTP_TIMEOUT,
@@ -51,7 +52,7 @@ def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:
     except requests.RequestException as exc:
         raise SourceError(f"cannot reach {page}: {type(exc).__name__}") from None
     if resp.status_code == 404:
-        raise BadInput(where, "source.sdist.pypi", requirement, "no such project on PyPI")
+        raise BadInput(where, "source.sdist.pypi", pin, "no such project on PyPI")
     if resp.status_code != 200:
         raise SourceError(f"{page}: HTTP {resp.status_code}")
     if "json" in resp.headers.get("Content-Type", ""):
@@ -71,7 +72,7 @@ def resolve_pypi_sdist(requirement: str, where: str = "recipe") -> str:
         if file_version == Version(version):
             sdists.append((not filename.endswith(".tar.gz"), urljoin(resp.url, url.split("#", 1)[0])))
     if not sdists:
-        raise BadInput(where, "source.sdist.pypi", requirement, "no such release with an sdist on PyPI")
+        raise BadInput(where, "source.sdist.pypi", pin, "no such release with an sdist on PyPI")
     return min(sdists)[1]
 
 
@@ -115,18 +116,16 @@ def archive_name(url: str) -> str:
 
 
 def fetch_sdist(
-    dest: Path, *, sha256: object, url: str | None = None, pypi: str | None = None, where: str = "recipe",
+    dest: Path, *, sha256: str, url: str | None = None, pypi: str | None = None, where: str = "recipe",
 ) -> Fetched:
-    """Download (or reuse by sha256) an sdist and extract it into `dest` without its top folder."""
-    sha256 = check_sha256(sha256, where, "source.sdist.sha256")
-    if bool(url) == bool(pypi):
-        raise BadInput(where, "source.sdist", url or pypi, "give exactly one of url, pypi (name==version)")
+    """Download (or reuse by sha256) an sdist and extract it into `dest` without its top folder.
+    `url` or `pypi` (one of them) and `sha256` come from a loaded recipe's `Source`."""
     slot = sources_cache() / "sdist" / sha256
     cached = [p for p in slot.iterdir() if not p.name.startswith(".")] if slot.is_dir() else []
     if cached:
         archive = cached[0]
     else:
-        real_url = url or resolve_pypi_sdist(pypi or "", where)   # pypi is set when url is not (checked above)
+        real_url = url or resolve_pypi_sdist(pypi or "", where)   # the loader gave one of the two
         archive = download(real_url, slot / archive_name(real_url), sha256, where, "source.sdist.sha256")
     extract_archive(archive, Path(dest), strip_top=True)
     shown = pypi or url

@@ -23,9 +23,7 @@ from farm.build import gitsparse
 from farm.build.source.base import Fetched, git_error_line, sources_cache
 from farm.errors import BadInput, SourceError, shorten
 from farm.process import run
-
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-BRANCH_LIKE = {"HEAD", "main", "master", "develop", "dev", "trunk"}
+from farm.recipes.model import FULL_SHA
 
 
 def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True,
@@ -105,55 +103,36 @@ def _rev(repo: Path, ref: str) -> str | None:
 
 
 def resolve_ref(mirror: Path, url: str, ref: str, where: str, key: str = "source.git.ref") -> str:
-    """A full SHA or a tag -> the commit it names; branches are refused (they move)."""
+    """A full SHA or a tag (the recipe loader refused anything else) -> the commit it names upstream."""
     if FULL_SHA.match(ref):
         if not _has_commit(mirror, ref):
             _fetch_mirror(mirror, url, ref)
         if not _has_commit(mirror, ref):
             raise BadInput(where, key, ref, f"no such commit in {url}")
         return ref
-    if ref in BRANCH_LIKE:
-        raise BadInput(where, key, ref, "a branch moves: pin a tag (with its commit) or a full commit SHA")
     sha = _rev(mirror, f"refs/tags/{ref}")
     if sha is None:
         _fetch_mirror(mirror, url)
         sha = _rev(mirror, f"refs/tags/{ref}")
     if sha is None:
         if _rev(mirror, f"refs/heads/{ref}"):
-            raise BadInput(where, "source.git.ref", ref,
+            # A name that reads like a release tag can still be a branch upstream.
+            raise BadInput(where, key, ref,
                            "is a branch, which moves: pin a tag (with its commit) or a full commit SHA")
-        raise BadInput(where, "source.git.ref", ref, f"no such tag or full commit SHA in {url}")
+        raise BadInput(where, key, ref, f"no such tag or full commit SHA in {url}")
     return sha
 
 
-def read_exclude(value: object, where: str, key: str = f"source.git.{gitsparse.KEY}") -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, (list, tuple)):
-        raise BadInput(where, key, value, "expected a list of path patterns (git sparse-checkout syntax)")
-    for i, pattern in enumerate(value):
-        problem = gitsparse.pattern_problem(pattern)
-        if problem:
-            raise BadInput(where, f"{key}[{i}]", pattern, problem)
-    return tuple(value)
-
-
 def fetch_git(
-    url: object, ref: object, dest: Path, *, commit: object = None, submodules: bool = False,
-    exclude: Sequence[str] | None = None, where: str = "recipe",
+    url: str, ref: str, dest: Path, *, commit: str | None = None, submodules: bool = False,
+    exclude: tuple[str, ...] = (), where: str = "recipe",
 ) -> Fetched:
-    """Clone `url` at `ref` into `dest` (must not exist) through the cache; check `commit` when given.
-    `url`, `ref` and `commit` come as the recipe wrote them and are checked here.
+    """Clone `url` at `ref` into `dest` (must not exist) through the cache; when `commit` is given the
+    ref must resolve to it. The values come from a loaded recipe's `Source` (checked there); what is
+    checked here is what upstream holds.
 
     `exclude`: sparse-checkout patterns of paths the build never reads (farm/build/gitsparse.py); a
     pattern under a submodule's path applies inside that submodule."""
-    if not url or not isinstance(url, str):
-        raise BadInput(where, "source.git.url", url, "expected a repository URL")
-    if not ref or not isinstance(ref, str):
-        raise BadInput(where, "source.git.ref", ref, "expected a tag or a full commit SHA")
-    if commit is not None and (not isinstance(commit, str) or not FULL_SHA.match(commit)):
-        raise BadInput(where, "source.git.commit", commit, "expected a full 40-hex commit SHA")
-    patterns = read_exclude(exclude, where)
     mirror = ensure_mirror(url)
     sha = resolve_ref(mirror, url, ref, where)
     if commit is not None and sha != commit:
@@ -162,12 +141,12 @@ def fetch_git(
         sha = resolve_ref(mirror, url, ref, where)
         if sha != commit:
             raise BadInput(where, "source.git.commit", commit, f"ref {ref!r} of {url} resolves to {sha}, not {commit}")
-    subs = checkout(mirror, url, sha, Path(dest), submodules, prefix="", where=where, exclude=patterns)
+    subs = checkout(mirror, url, sha, Path(dest), submodules, prefix="", where=where, exclude=exclude)
     shown = ref if ref == sha else f"{ref} ({sha[:12]})"
     desc = f"git {url} @ {shown}" + (f" with {len(subs)} submodule(s)" if subs else "")
-    if patterns:
-        desc += f" without {', '.join(patterns)}"
-    return Fetched("git", sha, desc, commit=sha, submodules=tuple(sorted(subs)), exclude=patterns)
+    if exclude:
+        desc += f" without {', '.join(exclude)}"
+    return Fetched("git", sha, desc, commit=sha, submodules=tuple(sorted(subs)), exclude=exclude)
 
 
 def checkout(mirror: Path, url: str, sha: str, dest: Path, submodules: bool, prefix: str, where: str,

@@ -7,11 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
-from farm.build.source.base import (
-    Fetched,
-)
+from farm.build.source.base import Fetched
 from farm.errors import BadInput
-from farm.settings import PROJECT_ROOT, display
+from farm.settings import display
 
 # Left out of a local path copy and its digest: artefacts of earlier in-place builds.
 _PATH_IGNORED_ANYWHERE = ("__pycache__", "*.egg-info", ".git", "*.pyc")
@@ -52,15 +50,11 @@ def tree_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def copy_path(path: object, dest: Path, *, base_dir: Path | None = None, where: str = "recipe") -> Fetched:
-    """Copy a local source folder into `dest`; the pin is its content digest."""
-    if not isinstance(path, str) or not path:
-        raise BadInput(where, "source.path", path, "expected a folder path")
-    src = Path(path)
-    if not src.is_absolute():
-        src = Path(base_dir or PROJECT_ROOT) / src
-    if not src.is_dir():
-        raise BadInput(where, "source.path", path, f"no such folder ({display(src)})")
-    digest = tree_digest(src)
-    shutil.copytree(src, dest, symlinks=True, ignore=_path_ignore(src))
-    return Fetched("path", digest, f"path {display(src)} (content {digest[:12]})")
+def copy_path(folder: Path, dest: Path, *, written: str, where: str = "recipe") -> Fetched:
+    """Copy a local source folder (a loaded `Source.path`, `written` as the recipe has it) into `dest`;
+    the pin is its content digest. The folder must still be there when the step runs."""
+    if not folder.is_dir():
+        raise BadInput(where, "source.path", written, f"no such folder ({display(folder)})")
+    digest = tree_digest(folder)
+    shutil.copytree(folder, dest, symlinks=True, ignore=_path_ignore(folder))
+    return Fetched("path", digest, f"path {display(folder)} (content {digest[:12]})")

@@ -1,5 +1,6 @@
-"""The recipe's patches, applied in order to a fresh tree: `.py` scripts run in the tree, the rest go
-through `git apply`; `when` selects them per platform and CUDA line.
+"""The recipe's patches (the loaded `Patch` values: file, path, `when`), applied in order to a fresh
+tree: `.py` scripts run in the tree, the rest go through `git apply`; `when` selects them per
+platform and CUDA line. A patch that does not apply, or a script that fails, fails the cell.
 """
 
 from __future__ import annotations
@@ -8,48 +9,31 @@ import hashlib
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from farm.build.source.base import git_error_line, inside
-from farm.errors import BadInput, PatchFailed
+from farm.build.source.base import git_error_line
+from farm.errors import PatchFailed
 from farm.process import run
-from farm.recipes.model import when_matches
-from farm.settings import display
+from farm.recipes.model import Patch
 
 
 def apply_patches(
-    work_dir: Path, patches: Sequence[Mapping], patches_dir: Path, *, platform: str, cuda: str,
-    where: str = "recipe",
-) -> tuple[tuple, tuple]:
-    """Apply `[{file, when?}]` in order: `.py` files run as patch scripts in the tree, anything
-    else goes through `git apply`. Returns ((file, sha256) applied, files skipped)."""
+    work_dir: Path, patches: Sequence[Patch], *, platform: str, cuda: str,
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Apply the loaded recipe's patches in order, those whose `when` matches (`platform`, `cuda`):
+    `.py` files run as patch scripts in the tree, anything else goes through `git apply`.
+    Returns ((file, sha256) applied, files skipped)."""
     applied, skipped = [], []
-    for i, item in enumerate(patches or ()):
-        key = f"patches[{i}]"
-        if isinstance(item, str):
-            item = {"file": item}
-        if not isinstance(item, Mapping) or not isinstance(item.get("file"), str):
-            raise BadInput(where, key, item, "expected {file, when?}")
-        rel = item["file"]
-        path = inside(Path(patches_dir), rel, where, f"{key}.file")
-        if not path.is_file():
-            raise BadInput(where, f"{key}.file", rel, f"no such file in {display(patches_dir)}")
-        when = item.get("when")
-        if when is not None and not isinstance(when, Mapping):
-            raise BadInput(where, f"{key}.when", when, "expected {platform?, cuda?}")
-        try:
-            matches = when_matches(when, platform, cuda)
-        except ValueError as exc:
-            raise BadInput(where, f"{key}.when.cuda", str(exc), "expected a CUDA line like 12.8 or >=12.8") from None
-        if not matches:
-            skipped.append(rel)
+    for patch in patches:
+        if not patch.applies(platform, cuda):
+            skipped.append(patch.file)
             continue
-        if path.suffix == ".py":
-            _run_patch_script(path, Path(work_dir), rel)
+        if patch.is_script:
+            _run_patch_script(patch.path, Path(work_dir), patch.file)
         else:
-            _git_apply(path, Path(work_dir), rel)
-        applied.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
+            _git_apply(patch.path, Path(work_dir), patch.file)
+        applied.append((patch.file, hashlib.sha256(patch.path.read_bytes()).hexdigest()))
     return tuple(applied), tuple(skipped)
 
 

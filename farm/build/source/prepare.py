@@ -3,8 +3,11 @@ apply the patches, and put the tree in place as the cell's work dir.
 
 The work dir is assembled in a temporary sibling and renamed into place only
 when fetching, extra sources and patches all succeeded: a failure leaves no
-half-made work dir. Functions take plain values (the recipe's mappings and
-strings), not a Recipe, so any caller can use them.
+half-made work dir. The inputs are the loaded recipe's typed parts (`Source`,
+`ExtraSource`, `Patch`, as the step spec carries them), which the recipe loader
+checked: this step checks only what the fetched world says (a tag that does not
+resolve, a download whose sha256 differs, blobs upstream lacks, a `dest` the tree
+already has, a patch that does not apply).
 """
 
 from __future__ import annotations
@@ -12,22 +15,19 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from farm.build import gitsparse
 from farm.build.source.archive import ARCHIVE_SUFFIXES, archive_name, download, extract_archive, fetch_sdist
-from farm.build.source.base import (
-    check_sha256,
-    inside,
-    sources_cache,
-)
-from farm.build.source.git import FULL_SHA, checkout, ensure_mirror, fetch_git, read_exclude, resolve_ref
+from farm.build.source.base import Fetched, sources_cache
+from farm.build.source.git import checkout, ensure_mirror, fetch_git, resolve_ref
 from farm.build.source.local import copy_path
 from farm.build.source.patches import apply_patches
 from farm.errors import BadInput
-from farm.settings import recipes_dir
+from farm.recipes.model import ExtraSource, Patch, Source
 
 
 @dataclass(frozen=True)
@@ -73,59 +73,27 @@ class SourceResult:
 
 
 def prepare_source(
-    source: Mapping,
+    source: Source,
     work_dir: Path,
     *,
-    name: str,
     platform: str,
     cuda: str,
     submodules: bool = False,
-    extra_sources: Sequence[Mapping] = (),
-    patches: Sequence[Mapping] = (),
-    patches_dir: Path | None = None,
-    base_dir: Path | None = None,
-    where: str | None = None,
+    extra_sources: Sequence[ExtraSource] = (),
+    patches: Sequence[Patch] = (),
+    where: str = "recipe",
 ) -> SourceResult:
-    """Step 1 for one cell: fetch `source` (the recipe's `source` mapping) into `work_dir`.
-
-    `source` is `{git: {url, ref, commit?, exclude?}}`, `{sdist: {url | pypi, sha256}}` or
-    `{path: DIR}` (relative to `base_dir`, default the project root).
-    `extra_sources` are `[{url, sha256, dest} | {git, commit, dest, exclude?}]`; `patches` are `[{file, when?}]`
-    under `patches_dir` (default recipes/patches/<name>/), selected for
-    (`platform`, `cuda`). `work_dir` is replaced as a whole on success and left
-    untouched on failure. `where` names the recipe file in error messages.
-    """
-    where = where or f"recipes/{name}.yml"
+    """Step 1 for one cell: fetch `source` into `work_dir`, place `extra_sources` in it, and apply the
+    `patches` whose `when` matches (`platform`, `cuda`). `work_dir` is replaced as a whole on success
+    and left untouched on failure. `where` names the recipe file in error messages."""
     work_dir = Path(work_dir)
-    if not isinstance(source, Mapping) or len(source) != 1:
-        raise BadInput(where, "source", source, "expected exactly one of git, sdist, path")
-    (kind, spec), = source.items()
-    patches_dir = Path(patches_dir) if patches_dir else recipes_dir() / "patches" / name
-
     work_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=work_dir.parent, prefix=f".{work_dir.name}.partial-"))
     tree = staging / "tree"
     try:
-        if kind == "git":
-            if not isinstance(spec, Mapping):
-                raise BadInput(where, "source.git", spec, "expected {url, ref, commit?, exclude?}")
-            got = fetch_git(
-                spec.get("url"), spec.get("ref"), tree, commit=spec.get("commit"),
-                submodules=submodules, exclude=spec.get(gitsparse.KEY), where=where,
-            )
-        elif kind == "sdist":
-            if not isinstance(spec, Mapping):
-                raise BadInput(where, "source.sdist", spec, "expected {url or pypi, sha256}")
-            got = fetch_sdist(
-                tree, sha256=spec.get("sha256"), url=spec.get("url"), pypi=spec.get("pypi"), where=where,
-            )
-        elif kind == "path":
-            got = copy_path(spec, tree, base_dir=base_dir, where=where)
-        else:
-            raise BadInput(where, "source", kind, "expected one of git, sdist, path")
-
+        got = _fetch(source, tree, submodules, where)
         extras = fetch_extra_sources(tree, extra_sources, where=where)
-        applied, skipped = apply_patches(tree, patches, patches_dir, platform=platform, cuda=cuda, where=where)
+        applied, skipped = apply_patches(tree, patches, platform=platform, cuda=cuda)
         _move_into_place(tree, work_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -138,6 +106,17 @@ def prepare_source(
         sha256=got.sha256, submodules=got.submodules, extra_sources=extras,
         patches=applied, skipped_patches=skipped, exclude=got.exclude,
     )
+
+
+def _fetch(source: Source, tree: Path, submodules: bool, where: str) -> Fetched:
+    # The loader set the fields of the source's kind (git: url and ref; sdist: sha256 and one of
+    # url, pypi; path: the folder resolved against the recipe's): the casts only tell mypy so.
+    if source.kind == "git":
+        return fetch_git(cast(str, source.url), cast(str, source.ref), tree, commit=source.commit,
+                         submodules=submodules, exclude=source.exclude, where=where)
+    if source.kind == "sdist":
+        return fetch_sdist(tree, sha256=cast(str, source.sha256), url=source.url, pypi=source.pypi, where=where)
+    return copy_path(cast(Path, source.path), tree, written=cast(str, source.path_text), where=where)
 
 
 def _move_into_place(tree: Path, work_dir: Path) -> None:
@@ -160,52 +139,37 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _pinned_git(item: Mapping, where: str, key: str) -> tuple[str, str]:
-    """The repository URL and the commit of a git extra source."""
-    url, commit = item["git"], item.get("commit")
-    if not isinstance(url, str):
-        raise BadInput(where, f"{key}.git", url, "expected a repository URL")
-    if not isinstance(commit, str) or not FULL_SHA.match(commit):
-        # A tag could be moved upstream; only a commit names the tree for good.
-        raise BadInput(where, f"{key}.commit", commit, "expected a full 40-hex commit SHA (no tag)")
-    return url, commit
-
-
-def fetch_extra_sources(work_dir: Path, items: Iterable[Mapping], *, where: str = "recipe") -> tuple:
-    """Each item is an archive `{url, sha256, dest}` or a pinned git tree `{git, commit, dest, exclude?}`.
-
-    Archives are cached by their sha256 and checked before use, then extracted into `dest`
-    (single top folder removed); other files are written to `dest`. A git tree goes through the
-    main source's mirror and checkout (same cache, same `exclude` handling) at exactly `commit`."""
+def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: str = "recipe") -> tuple:
+    """Place each extra source at its `dest` in the fetched tree: an archive (cached by its sha256
+    and checked before use, extracted without its single top folder; any other file is copied
+    as is) or a pinned git tree (through the main source's mirror and checkout, same cache, same
+    `exclude` handling, at exactly `commit`). A `dest` the tree already has is refused."""
     done: list[tuple[str, ...]] = []   # (dest, url, commit) of a git tree, (dest, sha256) of an archive
-    for i, item in enumerate(items or ()):
+    root = Path(work_dir).resolve()
+    for i, item in enumerate(items):
         key = f"extra_sources[{i}]"
-        is_git = isinstance(item, Mapping) and "git" in item
-        if not isinstance(item, Mapping) or not (item.get("git") if is_git else item.get("url")):
-            raise BadInput(where, key, item, "expected {url, sha256, dest} or {git, commit, dest, exclude?}")
-        if is_git:
-            url, commit = _pinned_git(item, where, key)
-            patterns = read_exclude(item.get(gitsparse.KEY), where, f"{key}.{gitsparse.KEY}")
-        else:
-            url = item["url"]
-            sha256 = check_sha256(item.get("sha256"), where, f"{key}.sha256")
-        target = inside(Path(work_dir), item.get("dest"), where, f"{key}.dest")
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
-            raise BadInput(where, f"{key}.dest", item.get("dest"), "already exists in the source tree")
+        target = Path(work_dir) / item.dest
+        if target.is_symlink() or (target.exists() and (not target.is_dir() or any(target.iterdir()))):
+            raise BadInput(where, f"{key}.dest", item.dest, "already exists in the source tree")
+        if not target.parent.resolve().is_relative_to(root):
+            # The loader allows only relative paths without '..'; a link the fetched tree holds can still lead out.
+            raise BadInput(where, f"{key}.dest", item.dest, "leads outside the source tree through a link in it")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
             target.rmdir()
-        if is_git:
-            mirror = ensure_mirror(url)
-            sha = resolve_ref(mirror, url, commit, where, f"{key}.commit")
-            checkout(mirror, url, sha, target, False, prefix="", where=where, exclude=patterns,
-                      exclude_key=f"{key}.{gitsparse.KEY}")
-            done.append((str(item["dest"]), url, sha))
+        if item.commit is not None:
+            mirror = ensure_mirror(item.url)
+            sha = resolve_ref(mirror, item.url, item.commit, where, f"{key}.commit")
+            checkout(mirror, item.url, sha, target, False, prefix="", where=where, exclude=item.exclude,
+                     exclude_key=f"{key}.{gitsparse.KEY}")
+            done.append((item.dest, item.url, sha))
             continue
-        cached = download(url, sources_cache() / "extra" / sha256 / archive_name(url), sha256, where, f"{key}.sha256")
+        sha256 = cast(str, item.sha256)   # an archive always carries one (the loader's rule)
+        cached = download(item.url, sources_cache() / "extra" / sha256 / archive_name(item.url), sha256, where,
+                          f"{key}.sha256")
         if cached.name.lower().endswith(ARCHIVE_SUFFIXES):
             extract_archive(cached, target, strip_top=True)
         else:
             shutil.copyfile(cached, target)
-        done.append((str(item["dest"]), sha256))
+        done.append((item.dest, sha256))
     return tuple(done)
