@@ -95,17 +95,20 @@ def test_a_blob_upstream_lacks_names_the_extra_sources_exclude_and_leaves_nothin
     (lambda old, tree: extra("0" * 40), "extra_sources[0].commit", "no such commit in " + FAKE_URL),
     (lambda old, tree: extra(old, dest="setup.py"), "extra_sources[0].dest", "already exists"),
     (lambda old, tree: extra(old, dest="vendor/eigen"), "extra_sources[0].dest", "leads outside the source tree"),
-], ids=["an unknown commit", "dest taken", "dest through a link out of the tree"])
+    (lambda old, tree: extra(old, dest="loop/eigen"), "extra_sources[0].dest", "(or a link loop)"),
+], ids=["an unknown commit", "dest taken", "dest through a link out of the tree", "dest through a link loop"])
 def test_the_source_step_refuses_what_upstream_and_the_fetched_tree_say_in_one_line(
         vendor, main_repo, tmp_path, item, key, problem):
     """What the recipe's text cannot tell (the loader's refusals are the BAD cases below): a commit
-    upstream lacks, a dest the fetched tree already has, a dest a link in the fetched tree leads out."""
+    upstream lacks, a dest the fetched tree already has, a dest a link in the fetched tree leads out
+    of it or loops."""
     _, old, _ = vendor
     repo, _ = main_repo
     outside = tmp_path / "outside"
     outside.mkdir()
     (repo / "vendor").symlink_to(outside)
-    sha = commit(repo, {}, "a link out of the tree")
+    (repo / "loop").symlink_to("loop")
+    sha = commit(repo, {}, "a link out of the tree, a link to itself")
     with pytest.raises(BadInput) as err:
         prep(src(repo, sha), tmp_path / "work", extra_sources=[item(old, outside)], where="recipes/pkg.yml")
     assert err.value.key == key and problem in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -7,7 +7,7 @@ half-made work dir. The inputs are the loaded recipe's typed parts (`Source`,
 `ExtraSource`, `Patch`, as the step spec carries them), which the recipe loader
 checked: this step checks only what the fetched world says (a tag that does not
 resolve, a download whose sha256 differs, blobs upstream lacks, a `dest` the tree
-already has, a patch that does not apply).
+already has or leads out of through a link, a patch that does not apply).
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: 
     """Place each extra source at its `dest` in the fetched tree: an archive (cached by its sha256
     and checked before use, extracted without its single top folder; any other file is copied
     as is) or a pinned git tree (through the main source's mirror and checkout, same cache, same
-    `exclude` handling, at exactly `commit`). A `dest` the tree already has is refused."""
+    `exclude` handling, at exactly `commit`). A `dest` the tree already has, or reaches through a
+    link leading out of it, is refused."""
     done: list[tuple[str, ...]] = []   # (dest, url, commit) of a git tree, (dest, sha256) of an archive
     root = Path(work_dir).resolve()
     for i, item in enumerate(items):
@@ -151,9 +152,9 @@ def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: 
         target = Path(work_dir) / item.dest
         if target.is_symlink() or (target.exists() and (not target.is_dir() or any(target.iterdir()))):
             raise BadInput(where, f"{key}.dest", item.dest, "already exists in the source tree")
-        if not target.parent.resolve().is_relative_to(root):
-            # The loader allows only relative paths without '..'; a link the fetched tree holds can still lead out.
-            raise BadInput(where, f"{key}.dest", item.dest, "leads outside the source tree through a link in it")
+        if not _stays_inside(target, root):
+            raise BadInput(where, f"{key}.dest", item.dest,
+                           "leads outside the source tree through a link in it (or a link loop)")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
             target.rmdir()
@@ -173,3 +174,11 @@ def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: 
             shutil.copyfile(cached, target)
         done.append((item.dest, sha256))
     return tuple(done)
+
+
+def _stays_inside(target: Path, root: Path) -> bool:
+    """The loader allows only relative dests without '..'; a link the fetched tree holds can still lead out."""
+    try:
+        return target.parent.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):   # a link loop (RuntimeError before Python 3.13)
+        return False
