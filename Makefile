@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FARM_CACHE ?= $(HOME)/.cache/farm
 
-.PHONY: setup test lint bench matrix plan recipes-check recipes-status farm demo images setup-engine test-arm pages-screenshots clean
+.PHONY: setup test lint bench matrix plan estimate recipes-check recipes-status farm demo images setup-engine test-arm pages-screenshots clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ matrix: setup
 
 plan: setup
 	$(BIN)/farm plan --format table --summary
+
+# What the whole grid costs per lane (CPU-hours, wall hours at RUNNERS runners), from the build records.
+RUNNERS ?= 20
+estimate: setup
+	$(BIN)/farm plan --estimate --summary --runners $(RUNNERS)
 
 recipes-check: setup
 	$(BIN)/farm recipes check

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
 from farm.commands.common import check_selection, empty_selection, input_dir, platform_value, print_json
+from farm.errors import BadInput
 from farm.platforms import PLATFORMS
+from farm.recipes.estimate import DEFAULT_RUNNERS, check_runners
 from farm.recipes.plan import Filters, full_plan, in_shard, parse_shard
 
 
@@ -29,7 +32,13 @@ def register(sub) -> None:
     add_filters(parser)
     parser.add_argument("--missing", action="store_true", help="only cells whose build key is not in the wheelhouse")
     parser.add_argument("--format", choices=("table", "json", "github"), default="table")
-    parser.add_argument("--summary", action="store_true", help="per-package counts per platform")
+    parser.add_argument("--summary", action="store_true", help="per-package counts per platform (with --estimate: "
+                        "CPU-hours per lane)")
+    parser.add_argument("--estimate", action="store_true", help="cells, rows, CPU-hours and wall hours per recipe "
+                        "and lane, from the build records (design.md §5.5)")
+    parser.add_argument("--runners", type=check_runners, default=DEFAULT_RUNNERS,
+                        help=f"--estimate: runners per lane for the wall hours (default {DEFAULT_RUNNERS})")
+    parser.add_argument("--records", type=Path, help="--estimate: build records folder (default recipes/records)")
     parser.set_defaults(func=plan_command)
 
 
@@ -60,11 +69,16 @@ def selected(args):
 
 
 def plan_command(args) -> int:
+    if args.estimate and args.format == "github":
+        raise BadInput("command line", "--format", "github", "an estimate is a table or JSON (--format table|json)")
+    input_dir(args.records, "--records")
     plan, cells, shard = selected(args)
     if not cells:   # known values that select nothing: said once, on stderr when stdout is data
         built = args.missing and in_shard(plan.select(filters_of(args)), shard)
         print("0 cells: every selected cell is in the wheelhouse with its build key" if built
               else empty_selection(args), file=sys.stderr if args.format != "table" else sys.stdout)
+    if args.estimate:
+        return estimate_command(args, plan, cells)
     if args.format == "json":
         print_json([{"id": c.id, "package": c.recipe_name, "cuda": c.cuda, "torch": c.torch,
                      "torch_pin": c.torch_pin, "python": c.python, "platform": c.platform,
@@ -89,4 +103,15 @@ def plan_command(args) -> int:
         print(f"{c.id:<60} {c.torch_pin:<8} {c.arch.arch_list}")
     if cells:
         print(f"{len(cells)} cells")
+    return 0
+
+
+def estimate_command(args, plan, cells) -> int:
+    from farm.recipes.estimate import as_json, estimate, render_summary, render_table
+
+    est = estimate(cells, plan.recipes, plan.defaults, args.records, args.runners)
+    if args.format == "json":
+        print_json(as_json(est))
+    elif cells:
+        print(render_summary(est) if args.summary else render_table(est), end="")
     return 0

@@ -10,6 +10,7 @@ every recipe has a row, "not built yet" when it has no record.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -106,6 +107,11 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
         "steps": state.get("timings") or {}, "peak_mb": compile_state.get("peak_process_mb"),
         "runner": runner, "build_key": key, "farm_version": __version__,
     }
+    # what the wall time was bought with: an estimate turns it into CPU-hours (design.md §5.5)
+    limits = (build.get("runner_info") or {}).get("limits") or {}
+    record["cores"] = max(1, int(limits.get("cpus") or os.cpu_count() or 1))
+    if build.get("max_jobs"):
+        record["max_jobs"] = build["max_jobs"]
     if tier_asked == "smoke" or tier == "smoke":
         record["smoke_of"] = cell.arch.provenance
     if report:
@@ -168,6 +174,10 @@ def read_records(folder: Path) -> dict[str, dict]:
             if data.get(key) is not None and (not isinstance(data[key], (int, float)) or isinstance(data[key], bool)
                                               or data[key] < 0):
                 raise BadInput(where, key, data[key], "expected a number >= 0")
+        for key in ("cores", "max_jobs"):
+            if data.get(key) is not None and (not isinstance(data[key], int) or isinstance(data[key], bool)
+                                              or data[key] < 1):
+                raise BadInput(where, key, data[key], "expected a whole number >= 1")
         for key in ("sass", "ptx"):
             if not isinstance(data.get(key, []), list):
                 raise BadInput(where, key, data[key], "expected a list like ['sm_80', 'sm_90']")
@@ -197,7 +207,7 @@ def _size(n) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
 
 
-def _wall(s) -> str:
+def wall_text(s) -> str:
     if s is None:
         return ""
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
@@ -228,7 +238,7 @@ def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list
         rows.append({
             "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
             "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else ""),
-            "cell": rec.get("cell") or status_cell_id(recipe), "wall": _wall(rec.get("wall_s")) + (f" ({hits} ccache hits)" if hits else ""),
+            "cell": rec.get("cell") or status_cell_id(recipe), "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hits)" if hits else ""),
             "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
             "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
             "date": (rec.get("date") or "")[:10], "reason": rec.get("reason") or "",
