@@ -257,6 +257,8 @@ BAD_RECORDS = {
                                "reason"),
     "negative-wall": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
                                                "wall_s": -3}), "wall_s: -3"),
+    "zero-cores": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
+                                            "cores": 0}), "cores: 0"),
     "sass-not-a-list": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
                                                  "sass": "sm_80"}), "sass: 'sm_80'"),
 }

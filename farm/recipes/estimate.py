@@ -97,8 +97,8 @@ class Tally:
         weights = [1.0] + [SIBLING_COST] * (len(ordered) - 1)
         self.cells += len(ordered)
         self.rows += 1
-        self.row_walls.append(sum(w * p.wall_s for w, p in zip(weights, ordered)))
-        for w, p in zip(weights, ordered):
+        self.row_walls.append(sum(w * p.wall_s for w, p in zip(weights, ordered, strict=True)))
+        for w, p in zip(weights, ordered, strict=True):
             self.cpu_s += w * p.cpu_s
             self.cpu_by_source[p.source] += w * p.cpu_s
             self.why.add(p.why)
@@ -266,14 +266,14 @@ def assumptions() -> dict[str, object]:
 
 
 def _fields(tally: Tally, runners: int) -> dict[str, object]:
-    return {"cells": tally.cells, "rows": tally.rows, "cpu_hours": round(tally.cpu_hours(), 2),
-            "wall_hours": round(tally.wall_hours(runners), 2), "source": tally.source,
-            "cpu_hours_by_source": {s: round(v / 3600, 2) for s, v in tally.cpu_by_source.items()}}
+    return {"cells": tally.cells, "rows": tally.rows, "cpu_hours": round(tally.cpu_hours(), 4),
+            "wall_hours": round(tally.wall_hours(runners), 4), "source": tally.source,
+            "cpu_hours_by_source": {s: round(v / 3600, 4) for s, v in tally.cpu_by_source.items()}}
 
 
 def as_json(est: Estimate) -> dict[str, object]:
     total = _fields(est.total(), est.runners)
-    total["wall_hours"] = round(est.total_wall_hours(), 2)
+    total["wall_hours"] = round(est.total_wall_hours(), 4)
     return {"runners": est.runners, "assumptions": assumptions(),
             "recipes": [{"package": name, "lane": platform, **_fields(t, est.runners), "basis": t.basis()}
                         for (name, platform), t in sorted(est.by_recipe.items())],

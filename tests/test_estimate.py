@@ -1,0 +1,242 @@
+"""`farm plan --estimate` (design.md §5.5): the real CLI over the real plan, against the committed build
+records and against records crafted in a tmp folder, whose figures the test can work out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from farmcli import run_farm
+from hostile import assert_one_line_refusal, tree_state
+
+from farm.recipes.estimate import DEFAULT_CELL_MINUTES, LANE_FACTOR, SIBLING_COST, SOURCES, TIMEOUT_MARGIN
+
+HOUR = 3600.0
+
+
+def _record(folder: Path, name: str, **fields) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"recipe": name, "cell": f"{name}-cu130-torch2.13-py312",
+                                                     "date": "2026-12-01T10:00:00Z", **fields}))
+
+
+def full(wall_s: float, compile_s: float, archs: int, cores: int = 2, **more) -> dict:
+    """A full cold record of `archs` tokens (any tokens: only their number counts)."""
+    tokens = " ".join(f"{n}.0" for n in range(5, 5 + archs))
+    return {"tier": "full", "wall_s": wall_s, "steps": {"source": 1.0, "compile": compile_s}, "arch_list": tokens,
+            "cores": cores, **more}
+
+
+def estimate_json(*args: str, records: Path | None = None) -> dict:
+    res = run_farm("plan", "--estimate", "--format", "json", *args,
+                   *(("--records", str(records)) if records else ()), timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def line(data: dict, package: str, lane: str) -> dict:
+    (found,) = [r for r in data["recipes"] if r["package"] == package and r["lane"] == lane]
+    return found
+
+
+# ---------------------------------------------------------------- crafted records: figures worked out by hand
+
+def test_a_full_record_on_6_archs_prices_a_3_arch_cell_at_half(tmp_path):
+    """10 min of compile for 6 archs: a cell of 3 archs (sageattention's cu126 arm64 list: 8.0 9.0+PTX 9.0a)
+    costs 5 min on one runner and 10 CPU-minutes on the record's 2 cores, marked scaled."""
+    records = tmp_path / "records"
+    _record(records, "sageattention", **full(600, 600, archs=6))
+    cell = ("--package", "sageattention", "--cuda", "12.6", "--torch", "2.6", "--python", "3.12",
+            "--platform", "linux_aarch64")
+    listed = json.loads(run_farm("plan", "--format", "json", *cell).stdout)
+    assert [c["arch_list"] for c in listed] == ["8.0 9.0+PTX 9.0a"]
+    data = estimate_json(*cell, records=records)
+    got = line(data, "sageattention", "linux_aarch64")
+    assert (got["cells"], got["rows"], got["source"]) == (1, 1, "scaled")
+    assert got["wall_hours"] == pytest.approx(300 / HOUR, abs=1e-4)
+    assert got["cpu_hours"] == pytest.approx(600 / HOUR, abs=1e-4)
+    assert "full record: 10.0 min for 6 archs on 2 cores, scaled to 3 archs" in got["basis"]
+    table = run_farm("plan", "--estimate", *cell, "--records", str(records))
+    assert table.returncode == 0, table.stderr
+    (row,) = [ln for ln in table.stdout.splitlines() if ln.startswith("sageattention ")]
+    assert row.split()[1:7] == ["linux_aarch64", "1", "1", "0.2", "0.08", "scaled"], row
+    assert "scaled to 3 archs" in row
+
+
+def test_a_row_pays_its_first_python_in_full_and_each_sibling_a_share(tmp_path):
+    """diso's cu130/torch2.13 rows: six Pythons on linux, five on Windows and arm64. The record: 10 min,
+    8 of them compile, 6 archs, as diso's x86 cells."""
+    records = tmp_path / "records"
+    _record(records, "diso", **full(600, 480, archs=6))
+    data = estimate_json("--package", "diso", "--cuda", "13.0", "--torch", "2.13", records=records)
+    siblings = {"linux": 5, "windows": 4, "linux_aarch64": 5}
+    first = {"linux": 600, "windows": 600 * LANE_FACTOR["windows"],
+             "linux_aarch64": 120 + 480 * 5 / 6}     # arm64's list has 5 tokens: only the compile shrinks
+    for lane, source in (("linux", "measured"), ("windows", "default"), ("linux_aarch64", "scaled")):
+        got = line(data, "diso", lane)
+        row_wall = first[lane] * (1 + siblings[lane] * SIBLING_COST)
+        assert (got["cells"], got["rows"], got["source"]) == (siblings[lane] + 1, 1, source), lane
+        assert got["wall_hours"] == pytest.approx(row_wall / HOUR, abs=1e-4), lane
+        assert got["cpu_hours"] == pytest.approx(2 * row_wall / HOUR, abs=1e-4), lane   # diso: min(2 cores, 3 jobs)
+        assert got["cpu_hours_by_source"][source] == got["cpu_hours"]
+    assert "x1.5 for Windows (assumed)" in line(data, "diso", "windows")["basis"]
+    assert "on native arm64 runners" in line(data, "diso", "linux_aarch64")["basis"]
+    lanes = {x["lane"]: x for x in data["lanes"]}
+    assert data["total"]["cpu_hours"] == pytest.approx(sum(x["cpu_hours"] for x in lanes.values()), abs=1e-3)
+    assert data["total"]["wall_hours"] == max(x["wall_hours"] for x in lanes.values())
+
+
+def test_without_a_full_cold_record_the_default_is_used_and_named(tmp_path):
+    records = tmp_path / "records"
+    _record(records, "diso", **full(600, 480, archs=6, compiler_cache={"active": True, "hits": 40, "misses": 2}))
+    _record(records, "flash_attn", tier="flags", wall_s=20000.0, steps={"compile": 19990.0},
+            flags={"compiling_invocations": 3, "stopped": True})
+    _record(records, "fused_ssim", tier="smoke", wall_s=30.0, arch_list="12.0+PTX", steps={"compile": 25.0})
+    _record(records, "cumesh", tier="blocked", reason="needs a patch")
+    one = ("--cuda", "13.0", "--torch", "2.13", "--python", "3.12", "--platform", "linux")
+    data = estimate_json("--package", "diso", "--package", "flash_attn", "--package", "fused_ssim",
+                         "--package", "cumesh", "--package", "gsplat", *one, records=records)
+    for package in ("diso", "flash_attn", "fused_ssim", "cumesh", "gsplat"):
+        assert line(data, package, "linux")["source"] == "default", package
+    # diso: its full record was a warm rebuild (cache hits), so its timeout of 10 min / 3 on 2 cores
+    diso = line(data, "diso", "linux")
+    assert diso["wall_hours"] == pytest.approx(10 * 60 / TIMEOUT_MARGIN / HOUR, abs=1e-4)
+    assert diso["cpu_hours"] == pytest.approx(2 * diso["wall_hours"], abs=1e-4)
+    assert "warm rebuild: 40 cache hits" in diso["basis"]
+    # flash_attn: timeout 720 / 3 = 240 min, but its stopped flags run already spent 333 min; one job of
+    # 4 nvcc threads keeps both cores busy
+    flash = line(data, "flash_attn", "linux")
+    assert flash["wall_hours"] == pytest.approx(20000 / HOUR, abs=1e-4)
+    assert flash["cpu_hours"] == pytest.approx(2 * 20000 / HOUR, abs=1e-4)
+    assert flash["basis"].startswith("flags record: at least 333.3 min")
+    # a smoke record says nothing of the whole list; gsplat has neither a record nor a timeout: 15 min
+    assert line(data, "fused_ssim", "linux")["basis"] == "timeout 15 min / 3 (smoke record of 30 s)"
+    assert line(data, "cumesh", "linux")["basis"] == f"default {DEFAULT_CELL_MINUTES:g} min (blocked record)"
+    gsplat = line(data, "gsplat", "linux")
+    assert gsplat["wall_hours"] == pytest.approx(DEFAULT_CELL_MINUTES / 60, abs=1e-4)
+    assert gsplat["basis"] == f"default {DEFAULT_CELL_MINUTES:g} min"
+
+
+def test_wall_hours_spread_rows_over_the_runners_but_never_below_the_longest_row(tmp_path):
+    records = tmp_path / "records"
+    _record(records, "diso", **full(600, 600, archs=6))
+    select = ("--package", "diso", "--platform", "linux")
+
+    def lane(runners: int) -> dict:
+        (found,) = estimate_json(*select, "--runners", str(runners), records=records)["lanes"]
+        return found
+
+    one, many, some = lane(1), lane(100_000), lane(7)
+    assert one["cpu_hours"] == many["cpu_hours"] == some["cpu_hours"] and one["rows"] > 7
+    assert one["wall_hours"] == pytest.approx(one["cpu_hours"] / 2, abs=1e-3)   # one runner builds every row
+    # each row from the plan's own listing: 600 s for 6 archs, compile only, so 100 s an arch
+    rows: dict[tuple[str, str], list[int]] = {}
+    for c in json.loads(run_farm("plan", "--format", "json", *select).stdout):
+        rows.setdefault((c["cuda"], c["torch"]), []).append(len(c["arch_list"].split()))
+    longest = max(100 * archs[0] * (1 + (len(archs) - 1) * SIBLING_COST) for archs in rows.values()) / HOUR
+    assert len(rows) == one["rows"] and sum(map(len, rows.values())) == one["cells"]
+    assert many["wall_hours"] == pytest.approx(longest, abs=1e-4)
+    assert some["wall_hours"] == pytest.approx(max(one["wall_hours"] / 7, longest), abs=1e-3)
+    assert longest < one["wall_hours"] / 7 < one["wall_hours"]
+
+
+# ---------------------------------------------------------------- the committed records, the whole grid
+
+def test_the_whole_grid_summary_prints_cpu_hours_per_lane():
+    res = run_farm("plan", "--estimate", "--summary", timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = {ln.split()[0]: ln.split() for ln in res.stdout.splitlines()[1:] if ln.split() and
+            ln.split()[0] in ("linux", "windows", "linux_aarch64", "total")}
+    assert list(rows) == ["linux", "windows", "linux_aarch64", "total"], res.stdout
+    counts = run_farm("plan", "--format", "table", "--summary")
+    total_cells = int(counts.stdout.splitlines()[-1].split()[-1])
+    assert int(rows["total"][1]) == total_cells == sum(int(rows[k][1]) for k in ("linux", "windows", "linux_aarch64"))
+    for name, r in rows.items():
+        cells, row_count, cpu, wall, *by_source = r[1:]
+        assert 0 < int(row_count) < int(cells) and float(cpu) > 0 and float(wall) > 0, name
+        assert sum(map(float, by_source)) == pytest.approx(float(cpu), abs=0.2), name
+    assert float(rows["total"][3]) == pytest.approx(sum(float(rows[k][3]) for k in rows if k != "total"), abs=0.2)
+    assert float(rows["windows"][5]) == 0 and float(rows["windows"][6]) == 0   # no Windows record: all default
+    assert float(rows["linux"][5]) > 0, "the committed full records measure some of the linux lane"
+
+
+def test_the_committed_records_are_what_the_figures_rest_on():
+    from farm.recipes.status import read_records, records_dir
+
+    records = read_records(records_dir())
+    data = estimate_json()
+    cold_full = {n for n, r in records.items() if r["tier"] == "full" and not (r.get("compiler_cache") or {}).get("hits")}
+    assert len(cold_full) >= 10
+    for r in data["recipes"]:
+        expected = "default" if r["package"] not in cold_full or r["lane"] == "windows" else \
+            ("scaled", "measured") if r["lane"] == "linux" else ("scaled",)
+        assert r["source"] in expected, r
+    # diso's status cell is the very cell its record measured: the record's wall on its 2 cores
+    status = estimate_json("--package", "diso", "--cuda", "13.0", "--torch", "2.13", "--python", "3.12",
+                           "--platform", "linux")
+    got = line(status, "diso", "linux")
+    assert got["source"] == "measured" and got["cells"] == 1
+    assert got["cpu_hours"] == pytest.approx(records["diso"]["wall_s"] * 2 / HOUR, abs=1e-4)
+
+
+def test_the_documented_default_is_near_the_mean_of_the_full_records():
+    """DEFAULT_CELL_MINUTES stands for the recipes nobody measured: it must stay within a factor of two of
+    what the measured ones cost, or its comment (and design.md §5.5) no longer hold."""
+    from farm.recipes.status import read_records, records_dir
+
+    walls = [r["wall_s"] for r in read_records(records_dir()).values() if r["tier"] == "full"]
+    mean_minutes = sum(walls) / len(walls) / 60
+    assert DEFAULT_CELL_MINUTES / 2 <= mean_minutes <= DEFAULT_CELL_MINUTES * 2, mean_minutes
+
+
+def test_an_empty_selection_says_so():
+    res = run_farm("plan", "--estimate", "--package", "vllm", "--platform", "windows")
+    assert res.returncode == 0 and res.stdout.startswith("0 cells: package vllm has no cells"), res.stdout
+    data = estimate_json("--package", "vllm", "--platform", "windows")
+    assert data["total"]["cells"] == 0 and data["recipes"] == [] and set(data["total"]["cpu_hours_by_source"]) \
+        == set(SOURCES)
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing written
+
+BAD_OPTIONS = {
+    "zero-runners": (("--runners", "0"), "--runners: '0': expected a whole number of runners >= 1"),
+    "word-runners": (("--runners", "many"), "--runners: 'many'"),
+    "github-format": (("--format", "github"), "--format: 'github': an estimate is a table or JSON"),
+    "unknown-package": (("--package", "disso"), "did you mean 'diso'?"),
+    "unknown-cuda": (("--cuda", "13.O"), "--cuda: '13.O': unknown CUDA line"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_a_bad_option_is_one_line(tmp_path, case):
+    args, needle = BAD_OPTIONS[case]
+    assert_one_line_refusal(run_farm("plan", "--estimate", *args, cwd=tmp_path), 2, needle)
+    assert tree_state(tmp_path) == {}
+
+
+BAD_RECORDS = {
+    "no-arch-list": ({"tier": "full", "wall_s": 60.0, "steps": {"compile": 50.0}}, "arch_list"),
+    "compile-over-wall": (full(60, 90, archs=6), "steps.compile: 90"),
+    "zero-cores": (full(60, 50, archs=6, cores=0), "cores: 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_a_bad_record_is_refused_naming_its_file_and_key(tmp_path, case):
+    fields, needle = BAD_RECORDS[case]
+    records = tmp_path / "records"
+    _record(records, "diso", **fields)
+    before = tree_state(tmp_path)
+    res = run_farm("plan", "--estimate", "--package", "diso", "--records", str(records))
+    refused = assert_one_line_refusal(res, 2, needle)
+    assert "diso.json" in refused
+    assert tree_state(tmp_path) == before
+
+
+def test_records_that_name_a_file_are_refused(tmp_path):
+    (tmp_path / "records").write_text("")
+    assert_one_line_refusal(run_farm("plan", "--estimate", "--records", str(tmp_path / "records")), 2,
+                            "--records")
+
