@@ -172,7 +172,8 @@ def _arch_tokens(record: Mapping, where: str) -> int:
 
 def _compile_seconds(record: Mapping, where: str) -> float:
     steps = record.get("steps") or {}
-    value = steps.get("compile", 0.0) if isinstance(steps, Mapping) else None
+    # a record without step times: all of its wall time is taken to grow with the archs
+    value = steps.get("compile", record["wall_s"]) if isinstance(steps, Mapping) else None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= record["wall_s"]:
         raise BadInput(where, "steps.compile", value, f"expected seconds between 0 and wall_s ({record['wall_s']})")
     return float(value)
@@ -183,7 +184,8 @@ def basis_of(recipe: Recipe, record: Mapping | None, defaults: Defaults, where: 
     record = record or {}
     cores = _cores(recipe, defaults, record)
     tier, wall = record.get("tier"), record.get("wall_s")
-    hits = (record.get("compiler_cache") or {}).get("hits")
+    cache = record.get("compiler_cache")
+    hits = cache.get("hits") if isinstance(cache, Mapping) else None
     if tier == "full" and wall and not hits:
         tokens = _arch_tokens(record, where)
         return Basis("measured", float(wall), _compile_seconds(record, where), tokens, cores,
