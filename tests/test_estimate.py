@@ -240,3 +240,21 @@ def test_records_that_name_a_file_are_refused(tmp_path):
     assert_one_line_refusal(run_farm("plan", "--estimate", "--records", str(tmp_path / "records")), 2,
                             "--records")
 
+
+
+def test_a_row_is_a_recipe_cuda_torch_platform_and_a_torch_free_row_its_cuda_line():
+    """The grouping the sibling share rests on: cumm (torch-free) rows by CUDA line and platform, whatever
+    torch each Python's cell was built against; diso by (CUDA, torch, platform)."""
+    from farm.recipes.cells import row_id
+    from farm.recipes.plan import full_plan
+
+    plan = full_plan(cells_of=["cumm", "diso"])
+    for name, key in (("cumm", lambda c: (c.cuda, c.platform)), ("diso", lambda c: (c.cuda, c.torch, c.platform))):
+        cells = [c for c in plan.cells if c.recipe_name == name]
+        by_row: dict[str, set] = {}
+        for c in cells:
+            by_row.setdefault(row_id(c), set()).add(key(c))
+        assert all(len(keys) == 1 for keys in by_row.values())
+        assert len(by_row) == len({key(c) for c in cells}) < len(cells)
+    assert row_id(next(c for c in plan.cells if c.id == "diso-cu130-torch2.13-py312-aarch64")) == \
+        "diso-cu130-torch2.13-aarch64"

@@ -60,6 +60,13 @@ def cell_id(name: str, cuda: str, torch: str | None, python: str, platform: str,
     return f"{name}-{cuda_tag(cuda)}{torch_part}-{py}{cell_suffix(platform)}"
 
 
+def row_id(cell: Cell) -> str:
+    """`<name>-cu<NNN>-torch<M.m>[-aarch64|-win]`: the cell id without its Python part. A row's Pythons share
+    a compiler cache group (design.md §11.3); torch-free rows have no torch part, as their cells."""
+    torch_part = f"-torch{cell.torch}" if cell.links_torch else ""
+    return f"{cell.recipe_name}-{cuda_tag(cell.cuda)}{torch_part}{cell_suffix(cell.platform)}"
+
+
 # (cuda, torch, platform, id of the row's own list) -> its resolution; full_plan shares one between recipes.
 Resolutions = dict[tuple[str, str, str, int], Resolution]
 

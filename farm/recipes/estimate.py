@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm import settings
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
+from farm.recipes.cells import row_id
 from farm.recipes.status import read_records, records_dir, wall_text
 
 if TYPE_CHECKING:
@@ -222,24 +224,21 @@ def price(basis: Basis, cell: Cell) -> Priced:
 
 # ---------------------------------------------------------------- the plan's estimate
 
-def row_key(cell: Cell) -> tuple[str, str, str, str]:
-    """(recipe, CUDA, torch, platform): the cells that share a compiler cache group (design.md §11.3);
-    a torch-free recipe's row is its CUDA line."""
-    return cell.recipe_name, cell.cuda, cell.torch if cell.links_torch else "", cell.platform
-
-
 def estimate(cells: Iterable[Cell], recipes: Mapping[str, Recipe], defaults: Defaults,
              records_folder: Path | None = None, runners: int = DEFAULT_RUNNERS) -> Estimate:
+    """Price `cells` row by row from the records in `records_folder` (default recipes/records/)."""
     folder = Path(records_folder or records_dir())
     records = read_records(folder)
-    rows: dict[tuple[str, str, str, str], list[Cell]] = {}
+    rows: dict[str, list[Cell]] = {}
     for cell in cells:
-        rows.setdefault(row_key(cell), []).append(cell)
+        rows.setdefault(row_id(cell), []).append(cell)
     bases: dict[str, Basis] = {}
     by_recipe: dict[tuple[str, str], Tally] = {}
-    for (name, _, _, platform), row in sorted(rows.items()):
+    for row in rows.values():
+        name, platform = row[0].recipe_name, row[0].platform
         if name not in bases:
-            bases[name] = basis_of(recipes[name], records.get(name), defaults, str(folder / f"{name}.json"))
+            bases[name] = basis_of(recipes[name], records.get(name), defaults,
+                                   settings.display(folder / f"{name}.json"))
         by_recipe.setdefault((name, platform), Tally()).add_row([price(bases[name], c) for c in row])
     by_lane: dict[str, Tally] = {}
     for (_, platform), tally in sorted(by_recipe.items(), key=lambda kv: PLATFORMS.index(kv[0][1])):
