@@ -216,6 +216,11 @@ def test_a_bad_option_is_one_line(tmp_path, case):
     assert tree_state(tmp_path) == {}
 
 
+def test_estimate_options_without_estimate_are_refused(tmp_path):
+    assert_one_line_refusal(run_farm("plan", "--runners", "5"), 2, "--runners: '5': prices a plan: only with --estimate")
+    assert_one_line_refusal(run_farm("plan", "--records", str(tmp_path)), 2, "only with --estimate")
+
+
 BAD_RECORDS = {
     "no-arch-list": ({"tier": "full", "wall_s": 60.0, "steps": {"compile": 50.0}}, "arch_list"),
     "compile-over-wall": (full(60, 90, archs=6), "steps.compile: 90"),
@@ -235,10 +240,12 @@ def test_a_bad_record_is_refused_naming_its_file_and_key(tmp_path, case):
     assert tree_state(tmp_path) == before
 
 
-def test_records_that_name_a_file_are_refused(tmp_path):
+def test_records_that_name_a_file_or_nothing_are_refused(tmp_path):
     (tmp_path / "records").write_text("")
     assert_one_line_refusal(run_farm("plan", "--estimate", "--records", str(tmp_path / "records")), 2,
                             "--records")
+    assert_one_line_refusal(run_farm("plan", "--estimate", "--records", str(tmp_path / "recrods")), 2,
+                            "recrods': no such folder")
 
 
 

@@ -36,7 +36,7 @@ def register(sub) -> None:
                         "CPU-hours per lane)")
     parser.add_argument("--estimate", action="store_true", help="cells, rows, CPU-hours and wall hours per recipe "
                         "and lane, from the build records (design.md §5.5)")
-    parser.add_argument("--runners", type=check_runners, default=DEFAULT_RUNNERS,
+    parser.add_argument("--runners", type=check_runners,
                         help=f"--estimate: runners per lane for the wall hours (default {DEFAULT_RUNNERS})")
     parser.add_argument("--records", type=Path, help="--estimate: build records folder (default recipes/records)")
     parser.set_defaults(func=plan_command)
@@ -69,9 +69,13 @@ def selected(args):
 
 
 def plan_command(args) -> int:
+    for option, value in (("--runners", args.runners), ("--records", args.records)):
+        if value is not None and not args.estimate:
+            raise BadInput("command line", option, str(value), "prices a plan: only with --estimate")
     if args.estimate and args.format == "github":
         raise BadInput("command line", "--format", "github", "an estimate is a table or JSON (--format table|json)")
-    input_dir(args.records, "--records")
+    if input_dir(args.records, "--records") and not args.records.is_dir():   # a typo would price everything by default
+        raise BadInput("command line", "--records", str(args.records), "no such folder")
     plan, cells, shard = selected(args)
     if not cells:   # known values that select nothing: said once, on stderr when stdout is data
         built = args.missing and in_shard(plan.select(filters_of(args)), shard)
@@ -109,7 +113,7 @@ def plan_command(args) -> int:
 def estimate_command(args, plan, cells) -> int:
     from farm.recipes.estimate import as_json, estimate, render_summary, render_table
 
-    est = estimate(cells, plan.recipes, plan.defaults, args.records, args.runners)
+    est = estimate(cells, plan.recipes, plan.defaults, args.records, args.runners or DEFAULT_RUNNERS)
     if args.format == "json":
         print_json(as_json(est))
     elif cells:
