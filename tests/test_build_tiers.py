@@ -73,6 +73,8 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     assert record["wheel"] == wheel.name and record["wheel_bytes"] == wheel.stat().st_size
     assert record["peak_mb"] > 100 and record["steps"]["compile"] > 0 and record["wall_s"] > record["steps"]["compile"]
     assert record["build_key"] == build_json["build_key"] and str(PROJECT) not in json.dumps(record)
+    # what the wall time was bought with (design.md §5.5): this host's cores, the build's max_jobs
+    assert record["cores"] == os.cpu_count() and record["max_jobs"] == build_json["max_jobs"] >= 1
 
     house = tmp_path / "house"
     house.mkdir()
