@@ -158,7 +158,7 @@ def test_find_cuda_toolkit_checks_nvcc_reports_the_cells_line():
     home = windows.DEFAULT_CUDA_ROOT + "\\v13.0"
     good = FakeWindows({home + "\\bin\\nvcc.exe"})
     tk = windows.find_cuda_toolkit("13.0", {}, run=good.run, exists=good.exists)
-    assert tk.home == home and tk.nvcc == home + "\\bin\\nvcc.exe" and tk.lib_dir() == home + "\\lib\\x64"
+    assert tk.home == home and tk.nvcc == home + "\\bin\\nvcc.exe" and tk.lib_dir == home + "\\lib\\x64"
     wrong = FakeWindows({home + "\\bin\\nvcc.exe"}, nvcc_release="12.9")
     with pytest.raises(WindowsToolchainMissing, match="nvcc says 12.9"):
         windows.find_cuda_toolkit("13.0", {}, run=wrong.run, exists=wrong.exists)
@@ -208,19 +208,22 @@ def test_the_steps_pick_the_windows_platform_for_a_windows_cell_only():
     assert isinstance(for_cell("linux"), LinuxPlatform) and for_cell("linux_aarch64").name == "linux_aarch64"
 
 
-def test_windows_platform_compile_environment_adapts_the_linux_one(tmp_path, monkeypatch):
-    """What farm.build.steps gets on a Windows host, with find_msvc / find_cuda_toolkit replaced by the
-    recorded vcvars output (fakes: nothing here runs vswhere or nvcc.exe)."""
-    msvc = windows.Msvc(VS, windows.vcvars_path(VS), "14.44.35207", windows.parse_set_output(SET_OUTPUT))
-    tk = windows.WindowsToolkit(windows.DEFAULT_CUDA_ROOT + "\\v13.0", "13.0")
-    monkeypatch.setattr(windows, "find_msvc", lambda: msvc)
-    monkeypatch.setattr(windows, "find_cuda_toolkit", lambda cuda: tk if cuda == "13.0" else None)
+def test_windows_platform_compile_environment_adapts_the_linux_one(tmp_path):
+    """What farm.build.steps gets on a Windows host, through a WindowsHost answering with the recorded
+    vswhere / vcvars / nvcc output (FakeWindows: nothing here runs vswhere or nvcc.exe)."""
+    home = windows.DEFAULT_CUDA_ROOT + "\\v13.0"
+    vswhere = r"C:\PF86\Microsoft Visual Studio\Installer\vswhere.exe"
+    fake = FakeWindows({vswhere, windows.vcvars_path(VS), home + "\\bin\\nvcc.exe"})
+    host = windows.WindowsHost(system="Windows", environ={"ProgramFiles(x86)": r"C:\PF86"}, run=fake.run,
+                               exists=fake.exists, isdir=lambda _p: False)
+    platform_ = windows.WindowsPlatform(host)
+    tk = platform_.toolkit("13.0", arch="x86_64", components=(), source="auto", log=lambda _m: None)
+    assert tk.home == home
     arch = ArchList.parse("7.5 12.0+PTX", "test", "arch_list")
-    linux_tk = Toolkit(tmp_path / "cuda", "13.0.88", "13.0", "system", "x86_64", ("sm_75",), ("compute_75",))
-    torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "python.exe"), path=Path("C:/venv"),
+    torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "Scripts" / "python.exe"), path=Path("C:/venv"),
                                 nvidia_include_dirs=lambda: [])
-    env = windows.WindowsPlatform().compile_environment(
-        arch_list=arch, toolkit=linux_tk, torch_env=torch_env, cuda="13.0", max_jobs=2, nvcc_threads=1,
+    env = platform_.compile_environment(
+        arch_list=arch, toolkit=tk, torch_env=torch_env, cuda="13.0", max_jobs=2, nvcc_threads=1,
         nvcc_flags="", recipe_env={}, exported={})
     assert env["TORCH_CUDA_ARCH_LIST"] == "7.5 12.0+PTX" and env["CUDA_HOME"] == tk.home
     assert env["PATH"].split(";")[0].endswith("Scripts") and env["DISTUTILS_USE_SDK"] == "1"

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from farm.arch.archlist import ArchList
-from farm.build.toolkit import Toolkit
+from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed
 from farm.process import last_line
 
@@ -61,7 +61,7 @@ def _join(*parts) -> str:
     return os.pathsep.join(out)
 
 
-def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None, cuda: str | None = None,
+def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env=None, cuda: str | None = None,
                         max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
                         recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
                         base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -84,7 +84,7 @@ def compile_environment(*, arch_list: ArchList, toolkit: Toolkit, torch_env=None
     includes = [str(p) for p in torch_env.nvidia_include_dirs()] if torch_env is not None else []
     stubs = [str(p) for p in toolkit.stub_dirs()]
     env.update({
-        "PATH": _join(torch_bin, str(toolkit.home / "bin"), SYSTEM_PATH),
+        "PATH": _join(torch_bin, str(toolkit.bin_dir), SYSTEM_PATH),
         "TORCH_CUDA_ARCH_LIST": arch_list.torch(),
         "CUDAARCHS": arch_list.cmake(),
         "CMAKE_CUDA_ARCHITECTURES": arch_list.cmake(),

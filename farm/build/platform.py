@@ -1,26 +1,35 @@
 """The build platform seam: what differs between a Linux and a Windows cell inside the steps.
 
 farm.build.steps picks one implementation by the cell's platform (`for_cell`) and calls it for
-the compile environment and the repair; everything else (source, environment, label, verify)
-is the same code for both. Linux (x86_64 and aarch64) is `LinuxPlatform`, below; Windows is
+the toolkit, the compile environment and the repair; everything else (source, environment,
+label, verify) is the same code for both. Linux (x86_64 and aarch64) is `LinuxPlatform`, below; Windows is
 farm.build.windows.WindowsPlatform, which runs only on a Windows host (a `-win` cell is refused
 elsewhere before any step starts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm.arch.archlist import ArchList
 from farm.build.repair import RepairResult
+from farm.build.toolkit import BuildToolkit
+
+if TYPE_CHECKING:
+    from farm.build.windows import WindowsHost
 
 
 class BuildPlatform(Protocol):
     name: str
 
-    def compile_environment(self, *, arch_list: ArchList, toolkit, torch_env, cuda: str, max_jobs: int,
+    def toolkit(self, cuda: str, *, arch: str, components: Iterable[str], source: str | None,
+                log: Callable[[str], None]) -> BuildToolkit:
+        """The cell's CUDA toolkit, found or assembled offline (design.md §6.3)."""
+        ...
+
+    def compile_environment(self, *, arch_list: ArchList, toolkit: BuildToolkit, torch_env, cuda: str, max_jobs: int,
                             nvcc_threads: int, nvcc_flags: str, recipe_env: Mapping[str, str],
                             exported: Mapping[str, str]) -> dict[str, str]:
         """Every variable the compile step sets (design.md §6.4)."""
@@ -37,6 +46,12 @@ class LinuxPlatform:
 
     def __init__(self, name: str = "linux"):
         self.name = name   # linux | linux_aarch64
+
+    def toolkit(self, cuda: str, *, arch: str, components: Iterable[str], source: str | None, log) -> BuildToolkit:
+        """An installed toolkit of the line, else NVIDIA's PyPI wheels the host downloaded (no network here)."""
+        from farm.build.provision import provision_toolkit
+
+        return provision_toolkit(cuda, arch, list(components), source=source, allow_download=False, log=log)
 
     def compile_environment(self, **kw) -> dict[str, str]:
         from farm.build.compile import compile_environment
@@ -55,10 +70,11 @@ class LinuxPlatform:
                             allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name)
 
 
-def for_cell(platform: str) -> BuildPlatform:
-    """The implementation for a cell's platform (farm.platforms: linux, linux_aarch64, windows)."""
+def for_cell(platform: str, windows_host: WindowsHost | None = None) -> BuildPlatform:
+    """The implementation for a cell's platform (farm.platforms: linux, linux_aarch64, windows).
+    windows_host: the machine the Windows path asks (default this one; tests inject recorded tool output)."""
     from farm.build import windows
 
     if platform == windows.PLATFORM:
-        return windows.WindowsPlatform()
+        return windows.WindowsPlatform(windows_host)
     return LinuxPlatform(platform)

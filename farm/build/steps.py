@@ -31,7 +31,8 @@ from farm.errors import FarmError, StepFailed
 
 if TYPE_CHECKING:   # imported where a step needs them: the source step runs without torch's tools
     from farm.build.environments import TorchEnv
-    from farm.build.toolkit import Toolkit
+    from farm.build.platform import BuildPlatform
+    from farm.build.toolkit import BuildToolkit
     from farm.build.verify.importcheck import ImportChild
 
 PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify")
@@ -40,7 +41,7 @@ PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", 
 class Steps:
     """The state one invocation carries from step to step."""
 
-    def __init__(self, spec: StepSpec, log, phases: list[str]):
+    def __init__(self, spec: StepSpec, log, phases: list[str], platform: BuildPlatform | None = None):
         from farm.build.platform import for_cell
 
         self.spec = spec
@@ -49,11 +50,11 @@ class Steps:
         self.out = spec.paths.out
         self.work = spec.paths.work
         self.arch_list = spec.cell.arch.arch_list
-        self.platform = for_cell(spec.cell.platform)   # Linux, or Windows on a Windows host
+        self.platform = platform or for_cell(spec.cell.platform)   # Linux, or Windows on a Windows host
         self.log = log
         self.state = _read_state(self.out)
         self.torch_env: TorchEnv | None = None   # set by the env step
-        self.toolkit: Toolkit | None = None      # set by the toolkit step
+        self.toolkit: BuildToolkit | None = None   # set by the toolkit step
         self.compiler_cache: dict = {}
         self.phases = phases              # what this process runs (the import child serves verify)
         self.import_child: ImportChild | None = None   # verify's child, started early (see _start_import_child)
@@ -81,10 +82,8 @@ class Steps:
     # ----- 3. toolkit ------------------------------------------------------------
 
     def toolkit_step(self) -> dict:
-        from farm.build.provision import provision_toolkit
-
-        tk = provision_toolkit(self.cell.cuda, self.spec.target.arch, list(self.recipe.cuda_components),
-                               source=self.spec.toolkit_source, allow_download=False, log=self.log)
+        tk = self.platform.toolkit(self.cell.cuda, arch=self.spec.target.arch, components=self.recipe.cuda_components,
+                                   source=self.spec.toolkit_source, log=self.log)
         tk.require(self.arch_list, self.cell.id)
         self.toolkit = tk
         return tk.to_json()
@@ -94,7 +93,7 @@ class Steps:
             raise StepFailed("the env step has not run in this phase")
         return self.torch_env
 
-    def _toolkit_provisioned(self) -> Toolkit:
+    def _toolkit_provisioned(self) -> BuildToolkit:
         if self.toolkit is None:   # every phase that compiles starts with toolkit
             raise StepFailed("the toolkit step has not run in this phase")
         return self.toolkit
@@ -106,7 +105,7 @@ class Steps:
         if not script:
             return {"ran": False}
         env_file = self.out / "prebuild.env"
-        env = {**self._compile_env(exported={}), "FARM_ENV": str(env_file)}
+        env = {**self.compile_environment(exported={}), "FARM_ENV": str(env_file)}
         with open(self.out / "prebuild.log", "a") as fh:
             proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=self._source_dir(), env=env,
                                   stdout=fh, stderr=subprocess.STDOUT)
@@ -120,16 +119,17 @@ class Steps:
         src = self.work / "src"
         return src / self.recipe.subdir if self.recipe.subdir else src
 
-    def _compile_env(self, exported: dict) -> dict:
+    def compile_environment(self, exported: dict) -> dict:
+        """Every variable the compile gets (design.md §6.4), from the cell's platform, plus the compiler cache's."""
         from farm.build.ccache import resolve_in_step
 
-        r = self.recipe
+        r, toolkit = self.recipe, self._toolkit_provisioned()
         env = self.platform.compile_environment(
-            arch_list=self.arch_list, toolkit=self.toolkit, torch_env=self.torch_env, cuda=self.cell.cuda,
+            arch_list=self.arch_list, toolkit=toolkit, torch_env=self.torch_env, cuda=self.cell.cuda,
             max_jobs=r.max_jobs, nvcc_threads=r.nvcc_threads, nvcc_flags=r.nvcc_flags, recipe_env=r.env,
             exported=exported)
         env.update(self.spec.compiler_cache_env)
-        self.compiler_cache = resolve_in_step(env, self.toolkit.nvcc if self.toolkit else "nvcc")
+        self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
         return env
 
     def compile(self) -> dict:
@@ -137,11 +137,11 @@ class Steps:
 
         self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
-        env = self._compile_env(exported)
+        env = self.compile_environment(exported)
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
         stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
-        calls = record_nvcc_calls(env, self.out / "nvcc-calls", self._toolkit_provisioned().nvcc) \
+        calls = record_nvcc_calls(env, self.out / "nvcc-calls", str(self._toolkit_provisioned().nvcc)) \
             if stop_after is not None else None
         wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw, self.out / "compile.log",
                               stop_after=stop_after)
@@ -152,13 +152,9 @@ class Steps:
             from farm.build.ccache import read_stats_log
 
             cache["stats"] = read_stats_log(env["CCACHE_STATSLOG"])
-        # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
-        import resource
-
-        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
         return {"wheel": str(wheel) if wheel else None, **found,
                 "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
-                "compiler_cache": cache, "peak_process_mb": peak_mb}
+                "compiler_cache": cache, "peak_process_mb": _peak_child_mb()}
 
     def _start_import_child(self) -> None:
         """The verify step's import check imports torch first: started now, that import runs beside the
@@ -227,6 +223,16 @@ def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cud
                           extra_sources=part.extra_sources, patches=part.patches, where=where)
 
 
+def _peak_child_mb() -> int | None:
+    """The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
+    None on Windows, which has no getrusage."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+
+
 def _read_state(out: Path) -> dict:
     path = out / "steps.json"
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -248,7 +254,9 @@ def _read_exports(env_file: Path) -> dict:
     return exported
 
 
-def run(phases: list[str], spec_path: Path) -> int:
+def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = None) -> int:
+    """Run `phases` of the spec in order; platform: the cell's by default (a test may hand in the Windows
+    one with recorded tool output)."""
     try:
         spec = StepSpec.read(spec_path)
     except FarmError as exc:   # BadSpec: another farm version wrote it
@@ -260,7 +268,7 @@ def run(phases: list[str], spec_path: Path) -> int:
     def log(message: str) -> None:
         print(f"[farm.build.steps] {message}", flush=True)
 
-    steps = Steps(spec, log, phases)
+    steps = Steps(spec, log, phases, platform)
     methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})

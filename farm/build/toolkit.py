@@ -26,9 +26,10 @@ import os
 import platform as _pyplatform
 import re
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import Protocol
 
 from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
@@ -51,7 +52,8 @@ COMPONENT_HEADER = {
 }
 TARGET_TRIPLE = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}
 SYSTEM_GLOBS = ("/usr/local/cuda", "/usr/local/cuda-*", "/opt/cuda", "/opt/cuda-*")
-_RELEASE = re.compile(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)")
+# What `nvcc --version` says of its line and version: 'release 13.0, V13.0.88'.
+NVCC_RELEASE = re.compile(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)")
 
 
 def arch_of(platform_or_arch: str) -> str:
@@ -92,6 +94,45 @@ def normalise_components(components: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+class BuildToolkit(Protocol):
+    """A cell's toolkit as the steps use it: `Toolkit` below (Linux), or farm.build.windows.WindowsToolkit
+    (an installed Windows toolkit, whose paths are Windows paths whatever machine reads them)."""
+
+    @property
+    def home(self) -> PurePath | str: ...
+    @property
+    def line(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def nvcc(self) -> PurePath | str: ...
+    @property
+    def bin_dir(self) -> PurePath | str: ...
+    @property
+    def lib_dir(self) -> PurePath | str: ...
+    def stub_dirs(self) -> Sequence[PurePath | str]: ...
+    def env(self) -> dict[str, str]: ...
+    def require(self, arch_list: ArchList, cell: str = "") -> None: ...
+    def to_json(self) -> dict: ...
+
+
+def unemittable(arch_list: ArchList, gpu_codes: Sequence[str], gpu_archs: Sequence[str],
+                probe: Callable[[ArchToken], bool]) -> list[str]:
+    """The tokens of `arch_list` an nvcc that lists these codes cannot emit, spelled as nvcc would (sm_89a,
+    compute_90); `probe` asks it about an arch- or family-specific token, which --list-gpu-code leaves out."""
+    out = []
+    for t in arch_list:
+        sm = f"sm_{t.sm}"
+        if sm not in gpu_codes:
+            out.append(f"{sm}{t.variant}")
+            continue
+        if t.variant and not probe(t):
+            out.append(f"{sm}{t.variant}")
+        if t.ptx and f"compute_{t.sm}" not in gpu_archs:
+            out.append(f"compute_{t.sm}")
+    return out
+
+
 @dataclass(frozen=True)
 class Toolkit:
     home: Path                 # CUDA_HOME
@@ -107,6 +148,10 @@ class Toolkit:
     @property
     def nvcc(self) -> Path:
         return self.home / "bin" / "nvcc"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.home / "bin"
 
     @property
     def lib_dir(self) -> Path:
@@ -128,17 +173,7 @@ class Toolkit:
 
     def missing(self, arch_list: ArchList) -> list[str]:
         """The tokens of `arch_list` this nvcc cannot emit, spelled as nvcc would (sm_89a, compute_90)."""
-        out = []
-        for t in arch_list:
-            sm = f"sm_{t.sm}"
-            if sm not in self.gpu_codes:
-                out.append(f"{sm}{t.variant}")
-                continue
-            if t.variant and not self._probe(t):
-                out.append(f"{sm}{t.variant}")
-            if t.ptx and f"compute_{t.sm}" not in self.gpu_archs:
-                out.append(f"compute_{t.sm}")
-        return out
+        return unemittable(arch_list, self.gpu_codes, self.gpu_archs, self._probe)
 
     def _probe(self, t: ArchToken) -> bool:
         """Arch-/family-specific targets are not listed by --list-gpu-code: ask nvcc to plan one."""
@@ -182,7 +217,7 @@ def nvcc_version(nvcc: Path) -> tuple[str, str] | None:
         proc = run([nvcc, "--version"], timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = _RELEASE.search(proc.stdout)
+    m = NVCC_RELEASE.search(proc.stdout)
     return (m.group(1), m.group(2)) if proc.returncode == 0 and m else None
 
 

@@ -1,32 +1,34 @@
 """Windows cells (design.md §6.8): the Windows host path, in this one module.
 
 UNTESTED ON A WINDOWS HOST. The farm's machines are Linux; what runs here is the
-refusal (a `-win` cell on any other host: one line, exit 2) and the pure parts
-below, tested against recorded `vswhere`/`set` output. The generated GitHub
-Actions workflow gives Windows cells a `windows-*` runner, where this path runs.
+refusal (a `-win` cell on any other host: one line, exit 2) and the steps' Windows
+path driven through `WindowsHost` with recorded vswhere, vcvars `set` and nvcc output
+(tests/test_winlane.py). The generated GitHub Actions workflow gives Windows cells a
+`windows-2022` runner and installs the cell's CUDA toolkit there (farm/run/winlane.py).
 
 On a Windows host a cell is built by the same steps (design.md §6); farm.build.steps
 calls `WindowsPlatform` (farm.build.platform's seam) where Linux and Windows differ:
-- toolkit: an installed CUDA toolkit (the NVIDIA installer sets `CUDA_PATH` and
-  `CUDA_PATH_V<major>_<minor>`), never assembled from PyPI wheels;
+- toolkit: the installed CUDA toolkit of the cell's line (NVIDIA's installer sets
+  `CUDA_PATH` and `CUDA_PATH_V<major>_<minor>`), never assembled from PyPI wheels;
 - compiler: MSVC, found with `vswhere` and activated by capturing what
   `vcvars64.bat` sets (or taken as is from a developer prompt);
 - compile environment: the Linux one adapted (see `adapt_compile_environment`);
-- repair: none (farm.build.repair already passes Windows wheels through; delvewheel
-  is a later option), so the wheel keeps its `win_amd64` tag.
+- repair: none (a `win_amd64` wheel links the user's torch and CUDA DLLs, which
+  delvewheel would have to exclude one by one; a later option), so the wheel keeps its tag.
 """
-
 from __future__ import annotations
 
 import os
 import platform as _platform
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PureWindowsPath
+from pathlib import Path, PureWindowsPath
 
-from farm.errors import NotBuildableHere, WindowsToolchainMissing
+from farm.arch.archlist import ArchList, ArchToken
+from farm.build.toolkit import COMPONENT_HEADER, NVCC_RELEASE, normalise_components, unemittable
+from farm.errors import NotBuildableHere, ToolkitCannotEmit, ToolkitUnavailable, WindowsToolchainMissing
 from farm.versions import vtuple
 
 PLATFORM = "windows"
@@ -66,6 +68,20 @@ def check_buildable_here(cell, system: str | None = None) -> None:
     line = refusal(cell.id, cell.platform, system)
     if line:
         raise NotBuildableHere(line)
+
+
+@dataclass(frozen=True)
+class WindowsHost:
+    """What the Windows path asks of the machine: its name, its variables, running a program, file tests.
+
+    The steps use this machine's; the tests inject recorded vswhere / vcvars / nvcc output, since
+    no Windows host is at hand."""
+
+    system: str = field(default_factory=host_system)
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    run: Callable = subprocess.run
+    exists: Callable[[str], bool] = os.path.exists
+    isdir: Callable[[str], bool] = os.path.isdir
 
 
 # ----- MSVC ----------------------------------------------------------------------------
@@ -175,60 +191,117 @@ def cuda_home_candidates(cuda: str, environ: Mapping[str, str]) -> list[str]:
 
 def nvcc_release(version_text: str) -> str | None:
     """'release 13.0, V13.0.88' in `nvcc --version` -> '13.0' (the pattern farm.build.toolkit reads too)."""
-    from farm.build.toolkit import _RELEASE
-
-    m = _RELEASE.search(version_text)
+    m = NVCC_RELEASE.search(version_text)
     return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
 class WindowsToolkit:
+    """An installed toolkit (farm.build.toolkit.BuildToolkit): Windows paths, kept as strings so that
+    they read the same on any machine."""
+
     home: str
     line: str
+    version: str = ""                     # nvcc's full version, 13.0.88
+    gpu_codes: tuple[str, ...] = ()       # nvcc --list-gpu-code
+    gpu_archs: tuple[str, ...] = ()       # nvcc --list-gpu-arch
+    components: tuple[str, ...] = ()
+    source: str = "system"
+    arch: str = "x86_64"
+    run: Callable = field(default=subprocess.run, compare=False, repr=False)
 
     @property
     def nvcc(self) -> str:
         return str(PureWindowsPath(self.home) / "bin" / "nvcc.exe")
 
+    @property
+    def bin_dir(self) -> str:
+        return str(PureWindowsPath(self.home) / "bin")
+
     def bin_dirs(self, exists: Callable[[str], bool] = os.path.isdir) -> list[str]:
         # bin\x64 as well, where a toolkit keeps its DLLs there.
-        dirs = [str(PureWindowsPath(self.home) / "bin"), str(PureWindowsPath(self.home) / "bin" / "x64")]
+        dirs = [self.bin_dir, str(PureWindowsPath(self.home) / "bin" / "x64")]
         return [d for d in dirs if exists(d)]
 
+    @property
     def lib_dir(self) -> str:
         return str(PureWindowsPath(self.home) / "lib" / "x64")
+
+    def stub_dirs(self) -> list[str]:
+        return []   # MSVC links cuda.lib from lib\x64; the driver DLL is needed only at run time
 
     def env(self) -> dict[str, str]:
         return {"CUDA_HOME": self.home, "CUDA_PATH": self.home, "CUDA_ROOT": self.home, "CUDACXX": self.nvcc,
                 "CUDA_NVCC_EXECUTABLE": self.nvcc}
 
+    def _probe(self, t: ArchToken) -> bool:
+        code = f"{t.sm}{t.variant}"
+        proc = self.run([self.nvcc, "--dryrun", "-c", "-x", "cu", "NUL", "-o", "NUL",
+                         f"-gencode=arch=compute_{code},code=sm_{code}"], capture_output=True, text=True)
+        return proc.returncode == 0
+
+    def require(self, arch_list: ArchList, cell: str = "") -> None:
+        """Fail, naming every missing arch, when this nvcc cannot emit the whole list."""
+        if not self.gpu_codes:
+            raise ToolkitUnavailable(f"{self.nvcc} --list-gpu-code listed nothing, so the arch list is unchecked")
+        gone = unemittable(arch_list, self.gpu_codes, self.gpu_archs, self._probe)
+        if gone:
+            who = f"{cell}: " if cell else ""
+            raise ToolkitCannotEmit(f"{who}CUDA {self.version} nvcc ({self.home}) cannot emit {' '.join(gone)} "
+                                    f"for arch list '{arch_list.torch()}' (it emits: {' '.join(self.gpu_codes)})")
+
+    def to_json(self) -> dict:
+        return {"home": self.home, "version": self.version, "line": self.line, "source": self.source,
+                "arch": self.arch, "gpu_codes": list(self.gpu_codes), "gpu_archs": list(self.gpu_archs),
+                "components": list(self.components), "nvcc": self.nvcc}
+
+
+def _words(run: Callable, cmd: list[str]) -> tuple[str, ...]:
+    proc = run(cmd, capture_output=True, text=True)
+    return tuple((proc.stdout or "").split()) if proc.returncode == 0 else ()
+
 
 def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable = subprocess.run,
-                      exists: Callable[[str], bool] = os.path.exists) -> WindowsToolkit:
-    """The installed toolkit of the cell's line; its nvcc must report that line."""
+                      exists: Callable[[str], bool] = os.path.exists,
+                      components: Iterable[str] = ()) -> WindowsToolkit:
+    """The installed toolkit of the cell's line that has the recipe's `cuda_components`; its nvcc must
+    report that line. Asks that nvcc what it emits, as the Linux toolkit step does (design.md §6.3)."""
     environ = os.environ if environ is None else environ
     want = "{}.{}".format(*_line(cuda))
+    comps = normalise_components(components)
     tried = []
     for home in cuda_home_candidates(cuda, environ):
-        tk = WindowsToolkit(home, want)
+        tk = WindowsToolkit(home, want, run=run)
         if not exists(tk.nvcc):
             tried.append(home)
             continue
-        got = nvcc_release(run([tk.nvcc, "--version"], capture_output=True, text=True).stdout or "")
-        if got != want:
-            tried.append(f"{home} (nvcc says {got or '?'})")
+        found = NVCC_RELEASE.search(run([tk.nvcc, "--version"], capture_output=True, text=True).stdout or "")
+        if not found or found.group(1) != want:
+            tried.append(f"{home} (nvcc says {found.group(1) if found else '?'})")
             continue
-        return tk
+        lacking = [c for c in comps if not _has_header(home, COMPONENT_HEADER.get(c), exists)]
+        if lacking:
+            tried.append(f"{home} (without {', '.join(lacking)})")
+            continue
+        return WindowsToolkit(home, want, found.group(2), _words(run, [tk.nvcc, "--list-gpu-code"]),
+                              _words(run, [tk.nvcc, "--list-gpu-arch"]), comps, run=run)
     raise WindowsToolchainMissing(f"no CUDA {want} toolkit (tried {'; '.join(tried)}); install it or set "
                                   f"CUDA_PATH_V{want.replace('.', '_')}")
+
+
+def _has_header(home: str, headers: str | Sequence[str] | None, exists: Callable[[str], bool]) -> bool:
+    if headers is None:
+        return True   # nothing known to look for
+    names = (headers,) if isinstance(headers, str) else headers
+    return any(exists(str(PureWindowsPath(home) / "include" / PureWindowsPath(h))) for h in names)
 
 
 # ----- the compile environment -----------------------------------------------------------
 
 
 def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolkit: WindowsToolkit,
-                              torch_scripts: str | None = None, caller: Mapping[str, str] | None = None
-                              ) -> dict[str, str]:
+                              torch_scripts: str | None = None, caller: Mapping[str, str] | None = None,
+                              isdir: Callable[[str], bool] = os.path.isdir) -> dict[str, str]:
     """farm.build.compile.compile_environment()'s result, made right for Windows.
 
     Kept: the arch list variables, MAX_JOBS, NVCC_APPEND_FLAGS, FORCE_CUDA, the PIP_*
@@ -253,8 +326,8 @@ def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolk
             env[name] = value
     includes = [p for p in (linux_env.get("CPATH") or "").split(os.pathsep) if p]
     env["INCLUDE"] = ";".join([*includes, *[p for p in env.get("INCLUDE", "").split(";") if p]])
-    env["LIB"] = ";".join([toolkit.lib_dir(), *[p for p in env.get("LIB", "").split(";") if p]])
-    path = [*([torch_scripts] if torch_scripts else []), *toolkit.bin_dirs()]
+    env["LIB"] = ";".join([toolkit.lib_dir, *[p for p in env.get("LIB", "").split(";") if p]])
+    path = [*([torch_scripts] if torch_scripts else []), *toolkit.bin_dirs(isdir)]
     path += [p for p in (_ci_get(msvc_env, "PATH") or _ci_get(caller, "PATH") or "").split(";") if p]
     seen, ordered = set(), []
     for p in path:
@@ -272,26 +345,48 @@ def repair_note() -> str:
     return f"windows wheel: not repaired (tag {WHEEL_PLAT}; delvewheel is a later option)"
 
 
-def host_compile_environment(linux_env: Mapping[str, str], cuda: str, torch_scripts: str | None = None
-                             ) -> dict[str, str]:
-    """On a Windows host: find MSVC and the cell's CUDA toolkit, and adapt the compile environment."""
-    return adapt_compile_environment(linux_env, msvc=find_msvc(), toolkit=find_cuda_toolkit(cuda),
-                                     torch_scripts=torch_scripts)
-
-
 class WindowsPlatform:
-    """farm.build.platform's implementation for a `windows` cell: the steps call it on a Windows host.
+    """farm.build.platform's implementation for a `windows` cell: what the steps call on a Windows host.
 
-    Untested on one (see the module's docstring): the tests drive its parts with fakes."""
+    `host` is this machine unless a test injects recorded tool output (see the module's docstring);
+    on a host that is not Windows every method refuses in one line (NotBuildableHere, exit 2)."""
 
     name = PLATFORM
+
+    def __init__(self, host: WindowsHost | None = None):
+        self.host = host or WindowsHost()
+
+    def _check_host(self, what: str) -> None:
+        if not is_windows_host(self.host.system):
+            raise NotBuildableHere(f"the {what} of a Windows cell runs only on a Windows host; this host is "
+                                   f"{self.host.system or 'unknown'}")
+
+    def toolkit(self, cuda: str, *, arch: str, components: Iterable[str], source: str | None, log) -> WindowsToolkit:
+        """The installed toolkit of the line: NVIDIA's PyPI wheels assemble Linux toolkits only."""
+        self._check_host("toolkit step")
+        if source == "pypi":
+            raise ToolkitUnavailable(f"CUDA {cuda}: FARM_TOOLKIT_SOURCE=pypi assembles Linux toolkits only; a "
+                                     "Windows cell uses the toolkit NVIDIA's installer put on this host")
+        if arch != "x86_64":
+            raise NotBuildableHere(f"a Windows cell builds for x86_64 (win_amd64), not {arch}")
+        tk = find_cuda_toolkit(cuda, self.host.environ, run=self.host.run, exists=self.host.exists,
+                               components=components)
+        log(f"toolkit: CUDA {tk.version} (installed) at {tk.home}")
+        return tk
 
     def compile_environment(self, **kw) -> dict[str, str]:
         from farm.build.compile import compile_environment
 
+        self._check_host("compile step")
+        toolkit = kw["toolkit"]
+        if not isinstance(toolkit, WindowsToolkit):   # the toolkit step ran the Linux path: a farm bug
+            raise ToolkitUnavailable(f"a Windows cell got a Linux toolkit ({toolkit.home})")
         torch_env = kw.get("torch_env")
-        scripts = str(PureWindowsPath(torch_env.path) / "Scripts") if torch_env is not None else None
-        return host_compile_environment(compile_environment(**kw), kw["cuda"], torch_scripts=scripts)
+        scripts = str(Path(torch_env.python).parent) if torch_env is not None else None
+        msvc = find_msvc(self.host.environ, run=self.host.run, exists=self.host.exists)
+        linux = compile_environment(**kw, base=self.host.environ)
+        return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_scripts=scripts,
+                                         caller=self.host.environ, isdir=self.host.isdir)
 
     def repair(self, wheel, out_dir, **_ignored):
         from farm.build.repair import RepairResult
