@@ -103,6 +103,10 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         publish = False
     if tier == "flags":
         compiler_cache = False   # a cache hit would skip the very nvcc call the flags tier records
+    if cell.platform == "windows":
+        # ccache wraps nvcc through PYTORCH_NVCC, a route only Linux builds have exercised: off on Windows,
+        # and the build record says so.
+        compiler_cache = False
     runner, described, target, plat, context = _runner_for(cell, runner_kind, plat)
     key = keys.key(cell, context)
 
@@ -154,6 +158,11 @@ def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
     from farm.runners.choose import get_runner
 
     lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+    if cell.platform == "windows":   # the builder images are Linux: a Windows cell runs on its Windows host
+        if runner_kind == "container":
+            raise NotBuildableHere(f"{cell.id}: a Windows cell builds with --runner host (MSVC and the installed "
+                                   "CUDA toolkit of this host); the builder images are Linux")
+        runner_kind = "host"
     runner = get_runner(runner_kind, arch=lane)
     described = runner.describe()
     image = getattr(runner, "image", None)   # the container runner's builder image
@@ -201,6 +210,15 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     from farm.runners.choose import default_kind
     from farm.versions import vtuple
 
+    if cell.platform == "windows":   # always an installed toolkit (design.md §6.8)
+        from farm.build.windows import find_cuda_toolkit
+        from farm.errors import WindowsToolchainMissing
+
+        try:
+            find_cuda_toolkit(cell.cuda, components=recipe.cuda_components)
+        except WindowsToolchainMissing as exc:
+            raise NotBuildableHere(f"{cell.id}: {exc}") from None
+        return
     major = vtuple(cell.cuda)[0]
     if major >= 13 or settings.TOOLKIT_SOURCE.get() == "pypi":
         return
@@ -454,7 +472,8 @@ def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, 
     download_environment(req, log=note)
     if recipe.build_deps:
         download_build_deps(req, recipe.build_deps, log=note)
-    if toolkit_source in ("auto", "pypi") and \
+    # A Windows cell compiles with the installed toolkit of its line, never NVIDIA's Linux wheels.
+    if cell.platform != "windows" and toolkit_source in ("auto", "pypi") and \
             installed_toolkit(cell.cuda, target.arch, recipe.cuda_components, toolkit_source)[0] is None:
         download_toolkit_wheels(cell.cuda, target.arch, recipe.cuda_components, log=note)
 

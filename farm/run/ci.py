@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from farm.platforms import lane
 from farm.recipes.cells import Cell
+from farm.run.winlane import windows_job_steps
 
 if TYPE_CHECKING:
     from farm.recipes.plan import Plan
@@ -207,7 +208,7 @@ def build_workflow(chunks: list[Chunk], filters, shard=None) -> dict:
                 "timeout-minutes": ch.timeout_minutes,
                 "strategy": {"fail-fast": False, "matrix": {"cell": f"${{{{ fromJSON({output}) }}}}"}},
                 "env": {"CELL": "${{ matrix.cell }}"},
-                "steps": _setup_steps() + [
+                "steps": _setup_steps() + (windows_job_steps(ch.cells) if ch.lane.startswith("windows") else []) + [
                     {"name": "farm build", "run": "farm build \"$CELL\" --no-publish --out \"build/$CELL\""},
                     {"name": "farm publish (this host's staging folder)",
                      "run": ("farm publish \"build/$CELL\"/wheel/*.whl --record \"build/$CELL/build.json\" "
