@@ -13,6 +13,9 @@ to forward (engine, verify's import child), and seams a test replaces
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
@@ -68,3 +71,13 @@ def run(cmd: Sequence[str | PathLike], *, cwd: str | PathLike | None = None, env
     if error is not None and proc.returncode != 0:
         raise error(f"{what}: {explain(proc.stderr)}")
     return proc
+
+
+def signal_group(proc: subprocess.Popen, *, hard: bool) -> None:
+    """Stop the process group `proc` leads (started with start_new_session=True): SIGTERM, or SIGKILL when
+    `hard`. Windows has neither groups nor SIGTERM: there `taskkill /T /F` ends the process tree."""
+    if os.name == "nt":
+        subprocess.run(["taskkill", "/T", "/F", "/PID", str(proc.pid)], capture_output=True)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)

@@ -247,18 +247,15 @@ def _cell_entries(house: Path, cell_id: str) -> list:
 @contextmanager
 def _cell_lock(cell_id: str, log):
     """One build of a cell at a time on this host: its work dir is shared (cache_dir()/work/<cell>)."""
-    import fcntl
+    from farm.filelock import lock
 
     folder = settings.cache_dir() / "work" / ".locks"
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{cell_id}.lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            waited = False
-        except BlockingIOError:
+        waited = not lock(fh.fileno(), blocking=False)
+        if waited:
             log(f"{cell_id}: another build of this cell is running here; waiting for it")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            waited = True
+            lock(fh.fileno())
         yield waited
 
 

@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 from farm.arch.archlist import ArchList
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed
-from farm.process import last_line
+from farm.process import last_line, signal_group
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -211,17 +210,14 @@ def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: fl
     try:
         return proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        signal_group(proc, hard=False)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):   # whatever ignored SIGTERM (the group outlives its leader)
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_group(proc, hard=True)   # whatever ignored SIGTERM (the group outlives its leader)
         proc.wait()
         return "timeout"
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_group(proc, hard=True)
         proc.wait()
         raise
 

@@ -44,12 +44,15 @@ def machine(platform: str) -> str:
 
 
 def platform_tags(platform: str, glibc: str = "2.28") -> list[str]:
-    """Every manylinux tag a target with this glibc accepts, newest first.
+    """Every manylinux tag a target with this glibc accepts, newest first; `win_amd64` for a Windows
+    target (its torch comes from the PyTorch channel of its CUDA line: PyPI's Windows torch is CPU-only).
 
     pip does not expand `manylinux_2_28_x86_64` to older glibc tags by itself
     (only the legacy manylinux2014 spelling, which it expands to 2010 and 1),
     so the list is spelled out. linux_<arch> is never accepted: it is not portable.
     """
+    if platform == "windows":
+        return ["win_amd64"]
     arch = machine(platform)
     major, minor = vtuple(glibc)[:2]
     if major != 2:

@@ -144,8 +144,14 @@ def arch_flags_to_list(flags: str | None) -> str | None:
     return " ".join(f"{a}.{b}{v}" + ("+PTX" if (a, b, v) in ptx else "") for a, b, v in toks)
 
 
+def venv_python(env: Path) -> Path:
+    """A venv's interpreter: bin/python, or Scripts\\python.exe where the venv was made on Windows."""
+    return env / "Scripts" / "python.exe" if os.name == "nt" else env / "bin" / "python"
+
+
 def _site_packages_of(env: Path) -> Path:
-    found = sorted(env.glob("lib/python3*/site-packages"))
+    # lib/python3.X/site-packages, or Lib\site-packages in a venv made on Windows
+    found = sorted(env.glob("lib/python3*/site-packages")) or sorted(env.glob("Lib/site-packages"))
     if not found:
         raise EnvironmentFailed(f"{env} has no lib/python3.*/site-packages")
     return found[0]
@@ -298,7 +304,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
                                     f"downloaded; run farm.build.environments.download_environment on the host first")
         t0 = time.monotonic()
         _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
-        py = path / "bin" / "python"
+        py = venv_python(path)
         with cachebudget.downloads_in_use(root):
             cachebudget.touch(dl.files)
             _run([py, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps", "--no-warn-script-location",
@@ -320,7 +326,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
     log(f"environment: base {key} ({'built' if lease.built else 'cache hit'} in {time.monotonic() - t0:.1f}s)")
     if lease.built:
         cachebudget.enforce_budget(root, log=log)
-    return TorchEnv(path=entry, python=entry / "bin" / "python", site_packages=_site_packages_of(entry),
+    return TorchEnv(path=entry, python=venv_python(entry), site_packages=_site_packages_of(entry),
                     python_version=full, torch_version=probe["torch"], torch_cuda=probe["cuda"],
                     torch_arch_flags=probe.get("arch_flags"), key=key, pins=tuple(info["pins"]), info=info)
 
@@ -366,16 +372,16 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
                 cons = Path(tmp) / "base-pins.txt"
                 cons.write_text("\n".join(base.pins) + "\n")
                 with cachebudget.downloads_in_use(root):
-                    _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index",
+                    _run([venv_python(path), "-m", "pip", "install", "--isolated", "--no-index",
                           "--find-links", links, "-c", cons, "--no-warn-script-location", *deps], log,
                          f"installing build_deps {deps} into {path}", env=isolated_pip_env())
         if farm_wheels:
-            _run([path / "bin" / "python", "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
+            _run([venv_python(path), "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
                   "--no-warn-script-location", "--disable-pip-version-check", *(f for f, _ in farm_wheels)], log,
                  f"installing the build_requires_farm wheels {[f.name for f, _ in farm_wheels]} into {path}",
                  env=isolated_pip_env())
-        added = _freeze(path / "bin" / "python", site)
-        probe = probe_torch(path / "bin" / "python")
+        added = _freeze(venv_python(path), site)
+        probe = probe_torch(venv_python(path))
         if probe["torch"] != base.torch_version:
             raise TorchMismatch(f"build_deps {deps} replaced torch {base.torch_version} with {probe['torch']}")
         return {"kind": "overlay", "base": str(base.path), "build_deps": deps, "pins": added,
@@ -385,7 +391,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
     lease = cachebudget.acquire(entry, build)
     _LEASES.append(lease)
     log(f"environment: overlay {key} ({'built' if lease.built else 'cache hit'} in {time.monotonic() - t0:.1f}s)")
-    return TorchEnv(path=entry, python=entry / "bin" / "python", site_packages=_site_packages_of(entry),
+    return TorchEnv(path=entry, python=venv_python(entry), site_packages=_site_packages_of(entry),
                     python_version=base.python_version, torch_version=base.torch_version,
                     torch_cuda=base.torch_cuda, torch_arch_flags=base.torch_arch_flags, key=key,
                     pins=tuple(lease.info["pins"]), base=base.path, info=lease.info)

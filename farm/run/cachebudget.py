@@ -14,7 +14,6 @@ FARM_CACHE_RESERVE_GB (default 10) of the disk free: a torch environment is ~4.7
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.errors import FarmError
+from farm.filelock import lock as lock_fd
 from farm.settings import cache_dir
 from farm.yamlio import write_atomic
 
@@ -50,7 +50,7 @@ def flocked(path: Path, shared: bool = False):
     """Hold a blocking flock on `path` (created when missing)."""
     fd = _open_lock(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        lock_fd(fd, shared=shared)
         yield
     finally:
         os.close(fd)
@@ -59,12 +59,10 @@ def flocked(path: Path, shared: bool = False):
 def try_exclusive(path: Path) -> int | None:
     """The fd of an exclusive lock on `path`, or None when someone holds it."""
     fd = _open_lock(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if lock_fd(fd, blocking=False):
         return fd
-    except BlockingIOError:
-        os.close(fd)
-        return None
+    os.close(fd)
+    return None
 
 
 def read_marker(entry: Path) -> dict | None:
@@ -165,7 +163,7 @@ def acquire(entry: Path, build: Callable[[Path], dict], *, read_only: bool = Tru
                         os.chmod(entry, 0o555)
                     built = True
         fd = _open_lock(lock)
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        lock_fd(fd, shared=True)
         info = read_marker(entry)
         if info is not None:          # not evicted between build and lease
             os.utime(lock)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
 
 from farm.errors import BadInput
-from farm.process import run
+from farm.process import run, signal_group
 from farm.runners import images
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
@@ -27,9 +26,21 @@ from farm.settings import PROJECT_ROOT
 
 @lru_cache(maxsize=1)
 def _can_unshare_net() -> bool:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("unshare"):   # Windows: no namespaces
         return False
     return run(["unshare", "--net", "--", "true"]).returncode == 0
+
+
+def _windows_python(version: str) -> str | None:
+    """A Windows host's Python of this line: the `py` launcher's, else the runner image's tool cache."""
+    if shutil.which("py"):
+        found = run(["py", f"-{version}", "-c", "import sys; print(sys.executable)"])
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    cache = os.environ.get("RUNNER_TOOL_CACHE")   # GitHub's windows images keep several Pythons there
+    hits = sorted(Path(cache).glob(f"Python/{version}.*/x64/python.exe"),   # newest patch last
+                  key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)]) if cache else []
+    return str(hits[-1]) if hits else None
 
 
 class HostRunner:
@@ -62,6 +73,8 @@ class HostRunner:
         for prefix in reversed(images.pyenv_prefixes()):  # newest patch first
             if re.fullmatch(re.escape(version) + r"\.\d+", prefix.name):
                 return str(prefix / "bin" / "python3"), []
+        if os.name == "nt" and (found := _windows_python(version)):
+            return found, []
         raise BadInput("farm build", "python", version, "no such Python on this host (pyenv prefixes, the farm's own)")
 
     def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
@@ -73,7 +86,7 @@ class HostRunner:
         if not network and self.network_isolation == "namespace":
             cmd = ["unshare", "--net", "--", *cmd]
         step_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        step_env["PYTHONPATH"] = ":".join(x for x in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if x)
+        step_env["PYTHONPATH"] = os.pathsep.join(x for x in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if x)
         # The same working directory as in a container: the work mount, when there is one.
         cwd = next((str(m.source) for m in mounts if m.target == WORK_TARGET), None)
         with open(log_path, "ab") as fh:
@@ -83,7 +96,7 @@ class HostRunner:
             try:
                 return proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                signal_group(proc, hard=True)
                 proc.wait()
                 return 124
 

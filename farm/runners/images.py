@@ -76,7 +76,7 @@ def images_dir() -> Path:
 
 
 def host_arch() -> str:
-    m = _platform.machine()
+    m = _platform.machine().lower()   # Windows says AMD64
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 

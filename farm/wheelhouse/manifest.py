@@ -31,7 +31,6 @@ A publish reads the journal per project through its index and cache (journalinde
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import zlib
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.errors import BadInput, FarmError
+from farm.filelock import lock
 from farm.settings import display
 
 MANIFEST = "manifest.jsonl"
@@ -168,9 +168,9 @@ def locked(root: Path, create: bool = False) -> Iterator[None]:
     """The wheelhouse's exclusive lock: journal appends and page writes happen inside it."""
     root = house_folder(root, create)
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)   # Windows: none
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        lock(fd)
         yield
     finally:
         os.close(fd)  # closing drops the flock

@@ -227,6 +227,9 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
         return CheckResult("import", "fail", f"installing the wheel into a target folder failed: {installed}")
 
     modules, skipped = _modules_to_import(w, knobs)
+    if knobs.needs_driver and exp.platform == "windows":
+        raise GateCannotRun("verify.needs_driver: the driver stub the import check loads is a Linux libcuda.so; "
+                            "a Windows wheel's import would need the host's nvcuda.dll, which a build host lacks")
     stub = libcuda_stub_dir(w) if knobs.needs_driver else None
     child = started
     if child is None or child.python != python or child.import_torch != exp.links_torch or stub is not None:
