@@ -106,3 +106,24 @@ def test_lease_marks_last_use(tmp_path):
     os.utime(C.lock_file(entry), (1000, 1000))
     C.acquire(entry, _filler(1)).close()
     assert C.lock_file(entry).stat().st_mtime > time.time() - 60
+
+
+def test_filelock_exclusive_against_shared_and_released_on_close(tmp_path):
+    """farm.filelock, which cachebudget, the journal and `farm build`'s cell lock take (flock here; its
+    Windows branch cannot run on this host)."""
+    from farm.filelock import lock
+
+    path = tmp_path / "x.lock"
+    first, second = (os.open(path, os.O_RDWR | os.O_CREAT) for _ in range(2))
+    try:
+        assert lock(first, shared=True) and lock(second, shared=True, blocking=False)   # readers share
+        os.close(second)
+        second = os.open(path, os.O_RDWR)
+        assert not lock(second, blocking=False)            # a writer does not get in beside a reader
+        os.close(first)                                     # closing drops the lock
+        assert lock(second, blocking=False)
+        third = os.open(path, os.O_RDWR)
+        assert not lock(third, shared=True, blocking=False)  # nor a reader beside a writer
+        os.close(third)
+    finally:
+        os.close(second)

@@ -39,3 +39,34 @@ def test_run_raises_the_given_error_with_what_and_the_explaining_line(tmp_path):
     proc = run(fail)                      # without `error` the caller reads the exit code
     assert proc.returncode == 1 and "noise" in proc.stderr
     assert run([sys.executable, "-c", "print(42)"], env={"PATH": ""}).stdout == "42\n"
+
+
+def test_signal_group_stops_the_leader_and_what_it_started(tmp_path):
+    """The compile's and the host runner's stop: the whole group goes, not only its leader."""
+    import os
+    import subprocess
+    import time
+
+    from farm.process import signal_group
+
+    started = tmp_path / "child.pid"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {started}; wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not started.exists() or not started.read_text().strip():
+        assert time.monotonic() < deadline, "the group's child never started"
+        time.sleep(0.05)
+    child = int(started.read_text())
+    signal_group(proc, hard=True)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and "zombie" not in _state(child):
+        assert time.monotonic() < deadline, "the leader's child outlived the group's stop"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((ln for ln in fh if ln.startswith("State:")), "").lower()
+    except OSError:
+        return "zombie"   # gone between the two looks

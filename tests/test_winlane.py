@@ -188,6 +188,27 @@ def test_the_real_steps_entrypoint_on_this_linux_host_refuses_a_win_cell_with_on
     assert not (cache / "toolkits").exists() and not (cache / "downloads").exists()
 
 
+def test_a_win_cell_builds_with_the_host_runner_never_a_linux_builder_image():
+    from farm.build.cell import _runner_for
+    from farm.errors import NotBuildableHere
+
+    cell, _ = cell_plan(WIN_CELL)
+    with pytest.raises(NotBuildableHere, match="--runner host"):
+        _runner_for(cell, "container", None)
+    runner, _described, target, _plat, context = _runner_for(cell, None, None)   # whatever engine answers
+    assert runner.kind == "host" and target.id == "host" and context.plat_tag == "win_amd64"
+
+
+def test_a_win_cells_torch_is_downloaded_as_win_amd64_from_its_cuda_channel():
+    from farm.build.downloads import platform_tags
+    from farm.build.environments import torch_index
+
+    assert platform_tags("windows", "") == ["win_amd64"]
+    # PyPI's Windows torch is a CPU build: a Windows cell's torch always comes from the PyTorch channel.
+    assert torch_index("2.13.0", "13.0", "windows").url.endswith("/cu130")
+    assert torch_index("2.13.0", "13.0", "linux").url == "https://pypi.org/simple"
+
+
 # ----- the workflow's set-up steps -----------------------------------------------------------
 
 
