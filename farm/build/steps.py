@@ -106,8 +106,13 @@ class Steps:
             return {"ran": False}
         env_file = self.out / "prebuild.env"
         env = {**self.compile_environment(exported={}), "FARM_ENV": str(env_file)}
+        # bash from the compile PATH: on Windows a bare "bash" would be System32's WSL launcher, which
+        # CreateProcess finds before PATH; Git for Windows' bash is the one meant.
+        bash = shutil.which("bash", path=env.get("PATH"))
+        if bash is None:
+            raise StepFailed(f"pre_build needs bash, and the compile PATH has none: {env.get('PATH')}")
         with open(self.out / "prebuild.log", "a") as fh:
-            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=self._source_dir(), env=env,
+            proc = subprocess.run([bash, "-euo", "pipefail", "-c", script], cwd=self._source_dir(), env=env,
                                   stdout=fh, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
             raise StepFailed(f"pre_build failed (exit {proc.returncode}); log {self.out / 'prebuild.log'}")

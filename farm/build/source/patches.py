@@ -48,7 +48,7 @@ def _run_patch_script(script: Path, tree: Path, rel: str) -> None:
     """A patch script runs once in a fresh tree, without network where this process can make
     a network namespace (root with unshare), with the tree as its working directory."""
     cmd = [sys.executable, str(script.resolve())]
-    if os.geteuid() == 0 and shutil.which("unshare"):
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare"):   # not on Windows
         cmd = ["unshare", "--net", "--", *cmd]
     proc = run(cmd, cwd=tree)
     if proc.returncode != 0:
