@@ -188,6 +188,20 @@ def test_the_real_steps_entrypoint_on_this_linux_host_refuses_a_win_cell_with_on
     assert not (cache / "toolkits").exists() and not (cache / "downloads").exists()
 
 
+def test_the_repair_phase_of_a_win_cell_keeps_the_wheel_and_its_win_amd64_tag(tmp_path, cache):
+    from wheel_factory import make_wheel
+
+    spec = win_spec(tmp_path)
+    wheel = make_wheel(tmp_path / "out" / "labelled", "farm_demo", "0.1.0+cu130torch2.13",
+                       {"farm_demo/_C.pyd": b"MZ not linked"}, tag="cp311-cp311-win_amd64")
+    (tmp_path / "out" / "steps.json").write_text(json.dumps({"label": {"wheel": str(wheel)}}))
+    code = step_entry.run(["repair"], spec, platform=windows.WindowsPlatform(RecordedWindows().host()))
+    repair = json.loads((tmp_path / "out" / "steps.json").read_text())["repair"]
+    assert code == 0 and repair["wheel"] == str(wheel) and repair["plat_tag"] == "win_amd64"
+    assert repair["repaired"] is False and repair["reason"] == windows.repair_note()
+    assert not (tmp_path / "out" / "repaired").exists()   # auditwheel never ran
+
+
 def test_a_win_cell_builds_with_the_host_runner_never_a_linux_builder_image():
     from farm.build.cell import _runner_for
     from farm.errors import NotBuildableHere
