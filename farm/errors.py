@@ -245,12 +245,6 @@ class ShrinkRefused(FarmError):
 
 # ---------------------------------------------------------------- run
 
-class RunError(FarmError):
-    """`farm run` refuses a request: exit 2, nothing built."""
-
-    exit_code = 2
-
-
 class DemoFailed(FarmError):
     """`farm demo` built the cell but pip could not install it from the served channel."""
 

@@ -88,10 +88,3 @@ def _verify_wheel(path: Path, expectation: Expectation, torch_env: Path | None, 
             if w.zip is not None:
                 w.zip.close()
     return report
-
-
-def verify_cell_wheel(path: Path | str, cell, **kw) -> Report:
-    """The pipeline's entry: the cell's own expectation (see Expectation.for_cell for the knobs)."""
-    exp_kw = {k: kw.pop(k) for k in ("knobs", "requires_dist", "version", "platform_tag") if k in kw}
-    return verify_wheel(path, Expectation.for_cell(cell, **exp_kw), **kw)
-

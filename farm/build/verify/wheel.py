@@ -198,16 +198,6 @@ def dotted(v: tuple[int, int]) -> str:
     return f"{v[0]}.{v[1]}"
 
 
-def lowest_glibc(path: Path | str) -> str | None:
-    """The highest GLIBC_x.y any ELF file of a wheel demands (what its manylinux tag must allow)."""
-    with tempfile.TemporaryDirectory(prefix="farm-verify-") as tmp:
-        w = Wheel(Path(path), Path(tmp))
-        demand = max((b.elf.glibc for b in w.elf_binaries() if b.elf.glibc), default=None)
-        if w.zip is not None:
-            w.zip.close()
-    return None if demand is None else dotted(demand)
-
-
 def few(items: list[str], n: int = 5) -> str:
     """At most n items of a list for a message (a hostile wheel may hold thousands)."""
     shown = ", ".join(shorten(i, 120) for i in items[:n])
