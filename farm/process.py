@@ -3,7 +3,9 @@
 `run` is the farm's one way to run a command whose output is read after it ends
 (text, captured) and whose failure becomes a FarmError naming the command and
 the line of its output that explains it. `useful_lines`, `last_useful_lines` and
-`last_line` pick that line out of a child's output or a log file.
+`last_line` pick that line out of a child's output or a log file. `stream` is `run` for a
+child whose output tells how far it is (pip's download progress): each stdout line is handed
+on as it comes.
 
 Calls with special handling stay on `subprocess` itself: a step streamed to a
 log (compile, host runner, scheduler), Popen with a process group or a signal
@@ -17,6 +19,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
@@ -81,3 +84,23 @@ def signal_group(proc: subprocess.Popen, *, hard: bool) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
+
+
+def stream(cmd: Sequence[str | PathLike], on_line: Callable[[str], None], *, cwd: str | PathLike | None = None,
+           env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` to its end like run(), handing each line of its stdout to `on_line` as it is printed;
+    stdout and stderr are captured too (stderr read by a thread, so neither pipe can fill and block)."""
+    args = [str(c) for c in cmd]
+    proc = subprocess.Popen(args, cwd=cwd, env=None if env is None else dict(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stdout is not None and proc.stderr is not None
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)   # type: ignore[union-attr]
+    reader.start()
+    out: list[str] = []
+    for line in proc.stdout:
+        out.append(line)
+        on_line(line.rstrip("\n"))
+    code = proc.wait()
+    reader.join()
+    return subprocess.CompletedProcess(args, code, "".join(out), "".join(err))

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm import __version__, settings
+from farm.build import progress
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
 from farm.recipes.buildkey import KeyMaker, context_for
@@ -30,6 +32,9 @@ from farm.runners.base import Runner
 from farm.runners.emulation import is_emulated
 from farm.runners.host import HostRunner
 from farm.yamlio import write_atomic
+
+if TYPE_CHECKING:
+    from farm.build.display import Outcome
 
 
 @dataclass
@@ -126,7 +131,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             entries = _cell_entries(house, cell.id)
             if result := up_to_date("published by the build this one waited for"):
                 return result
-        out = Path(out or settings.PROJECT_ROOT / "build" / cell.id).resolve()   # steps run in the work dir
+        out = build_dir(cell.id, out)
         if tier == "flags" and flags_minutes is None:
             flags_minutes = DEFAULT_FLAGS_MINUTES
         build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
@@ -150,6 +155,11 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
                                       runner=runner.kind, started=started, build=result.record)
             log(f"{cell.id}: {tier} build recorded in {settings.display(path)}")
         return result
+
+
+def build_dir(cell_id: str, out: Path | None = None) -> Path:
+    """Where a cell's build keeps its logs, state and wheel: `out`, else the project's build/<cell id>."""
+    return Path(out or settings.PROJECT_ROOT / "build" / cell_id).resolve()   # steps run in the work dir
 
 
 def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
@@ -317,13 +327,20 @@ class _Setup:
     record_base: dict
     jobs: int
     recipe_jobs: int
+    relay: progress.Relay         # the steps' progress events (and, for -v, the compile log) to the display
 
 
 def _build_locked(job: BuildJob) -> BuildResult:
     setup = _set_up(job)
+    with setup.relay:
+        return _build_phases(job, setup)
+
+
+def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
     _run_phase(job, setup, "source", HostRunner(arch=images.host_arch()), str(setup.host_spec), network=True)
-    _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
-    _stage_farm_wheels(job.cell, job.farm_wheels, job.house, job.staged, job.log_path)
+    with progress.step("downloads"):
+        _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
+        _stage_farm_wheels(job.cell, job.farm_wheels, job.house, job.staged, job.log_path)
     if job.recipe.pre_build:
         _run_phase(job, setup, "env,toolkit,prebuild", job.runner, setup.inside_spec, network=True)
     if job.tier == "flags":
@@ -336,7 +353,8 @@ def _build_locked(job: BuildJob) -> BuildResult:
     if job.publish:
         from farm.wheelhouse import publish as publish_wheels
 
-        publish_wheels([wheel], job.house, record=record)
+        with progress.step("publish"):
+            publish_wheels([wheel], job.house, record=record)
         job.log(f"{job.cell.id}: published {wheel.name} into {job.house}")
     return BuildResult(job.cell.id, "built", wheel, record, record_path)
 
@@ -382,8 +400,9 @@ def _set_up(job: BuildJob) -> _Setup:
     stop = job.flags_stop_after_s
     if stop is not None and timeout is not None:   # the stop is the compile's own; the step ends after it
         timeout = max(timeout, stop + 600)
+    relay = progress.Relay(job.out / progress.PROGRESS_FILE, logs={"compile": job.out / "compile.log"})
     return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, timeout, record_base,
-                  jobs, recipe_jobs)
+                  jobs, recipe_jobs, relay)
 
 
 def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, toolkit_source: str, jobs: int,
@@ -411,9 +430,12 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
 def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, network: bool) -> None:
     code, _ = runner.run_step([which, "--spec", spec], env={}, mounts=setup.mounts, network=network,
                               log_path=job.log_path, timeout=setup.timeout)
+    setup.relay.poll()   # the phase's last events are shown before the host's next step starts
     if code != 0:
         kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
-        raise kind(f"{job.cell.id}: {_failure_line(job.log_path, code)} (log: {job.log_path})")
+        line = _failure_line(job.log_path, code)
+        setup.relay.fail_open(line)
+        raise kind(f"{job.cell.id}: {line} (log: {job.log_path})")
 
 
 def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
@@ -519,3 +541,34 @@ def _failure_line(log_path: Path, code: int) -> str:
     if code in (137, -9):
         return f"killed (exit {code}: out of memory?)"
     return f"step exited {code}: {lines[-1] if lines else 'no output'}"
+
+
+def outcome(cell_id: str, out: Path, result: BuildResult | None = None) -> Outcome:
+    """What the summary at the end of `farm build` says, from the build folder: the wheel, the arch list
+    asked for and what the gate found in the binary, the compiler cache, the logs (design.md §6.9)."""
+    from farm.build.compile import by_arch, flags_summary
+    from farm.build.display import Outcome, fmt_s
+    from farm.build.verify.expectation import arches_found
+
+    def read(name: str) -> dict:
+        try:
+            data = json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    record = result.record if result is not None else {}
+    asked = record.get("arch_list") or (read("spec-host.json").get("record") or {}).get("arch_list")
+    logs = [out / "build.log", out / "compile.log"]
+    if result is None:
+        return Outcome(f"{cell_id}: failed", arch_list=asked, logs=logs)
+    if result.status == "up-to-date":
+        return Outcome(f"{cell_id}: up to date", wheel=result.wheel)
+    found = arches_found(read("verify.json"))
+    stats = (record.get("compiler_cache") or {}).get("stats") or {}
+    extra = [("record", str(result.record_path))] if result.record_path else []
+    if result.status == "flags":
+        extra.insert(0, ("flags", flags_summary(record["flags"])))
+    return Outcome(f"{cell_id}: {result.status} in {fmt_s(record.get('seconds'))}", wheel=result.wheel,
+                   arch_list=asked, sass=by_arch(found["sass"]), ptx=by_arch(found["ptx"]),
+                   cache={k: stats.get(k) for k in ("hits", "misses")} if stats else None, logs=logs, extra=extra)

@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from farm.arch.archlist import ArchList
+from farm.build.compilelog import failure_line
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed
-from farm.process import last_line, signal_group
+from farm.process import signal_group
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -192,7 +193,7 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
                 return None
             fh.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         if rc != 0:
-            raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {_error_line(log)} (log: {log})")
+            raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {failure_line(log)} (log: {log})")
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise CompileFailed(f"build_wheel made {len(wheels)} wheels in {source_dir}, expected 1 (log: {log})")
@@ -220,24 +221,6 @@ def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: fl
         signal_group(proc, hard=True)
         proc.wait()
         raise
-
-
-_ERROR_LINE = re.compile(r"\berror\b|Error:|fatal")
-
-
-def first_error(log: Path) -> str | None:
-    """The first compiler error line of a compile log (the cause; later ones tend to follow from it)."""
-    try:
-        text = Path(log).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    return next((ln.strip()[:300] for ln in text.splitlines()
-                 if _ERROR_LINE.search(ln) and not ln.startswith(("#", "$"))), None)
-
-
-def _error_line(log: Path) -> str:
-    """The compile log's last error line, else its last line; never the frontend's own '# exit' notes."""
-    return last_line(log, prefer=_ERROR_LINE.search, skip=lambda ln: ln.startswith("#"), limit=300)
 
 
 # ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit

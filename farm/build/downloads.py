@@ -21,8 +21,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.build import progress
 from farm.errors import DownloadFailed, FarmError
-from farm.process import last_useful_lines, run
+from farm.process import last_useful_lines, stream
 from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.settings import cache_dir
 from farm.versions import python_tag, vtuple
@@ -31,6 +32,8 @@ from farm.yamlio import write_atomic
 PYPI_SIMPLE = "https://pypi.org/simple"
 MANIFESTS = "manifests"
 _SAVED = re.compile(r"^\s*(?:Saved|File was already downloaded)\s+(\S+\.whl)\s*$")
+_DOWNLOADING = re.compile(r"^\s*Downloading\s+(\S+)")
+_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")   # pip's --progress-bar raw (pip 24.1 and later)
 
 ARCH_OF = {"linux": "x86_64", "linux_aarch64": "aarch64"}
 
@@ -155,7 +158,7 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             return hit
         t0 = time.monotonic()
         pytag = python_tag(python)
-        cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", "off",
+        cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", _progress_bar(),
                "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
                "--abi", f"cp{pytag}", "--abi", "abi3", "--abi", "none", "-d", str(dl_dir), *index.args()]
         for tag in platform_tags(platform, glibc):
@@ -169,7 +172,7 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             cmd += ["-c", str(cfile)]
         cmd += list(requirements)
         log("downloads: " + " ".join(cmd))
-        proc = run(cmd, env=isolated_pip_env())
+        proc = stream(cmd, DownloadProgress(), env=isolated_pip_env())
         if cfile:
             cfile.unlink(missing_ok=True)
         if proc.returncode != 0:
@@ -188,6 +191,40 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
     enforce_budget(root, log=log)
     log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
     return result
+
+
+def _progress_bar() -> str:
+    """`raw` where pip prints it (a line per quarter second of each file), else `off`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return "raw" if vtuple(version("pip"))[:2] >= (24, 1) else "off"
+    except (PackageNotFoundError, ValueError):
+        return "off"
+
+
+class DownloadProgress:
+    """Reads pip download's output as it comes and emits `downloads` progress: bytes done of the bytes
+    of the files pip has started so far (pip learns the closure as it resolves), on the current file."""
+
+    def __init__(self) -> None:
+        self.finished = 0            # bytes of the files before the current one
+        self.total = 0
+        self.file: str | None = None
+        self.file_done = 0
+        self.file_total: int | None = None
+
+    def __call__(self, line: str) -> None:
+        if m := _DOWNLOADING.match(line):
+            self.finished += self.file_done
+            self.file, self.file_done, self.file_total = Path(m.group(1)).name, 0, None
+        elif (m := _PROGRESS.match(line)) and self.file:
+            done, size = int(m.group(1)), int(m.group(2))
+            if self.file_total is None:
+                self.file_total, self.total = size, self.total + size
+            self.file_done = done
+            progress.emit(progress.Event("downloads", "progress", done=self.finished + done, total=self.total,
+                                         unit="bytes", current=self.file))
 
 
 def find_manifest(requirements, *, python: str, platform: str, glibc: str = "2.28", constraints=(),

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm.build import progress
 from farm.build.spec import SourcePart, StepSpec
 from farm.errors import FarmError, StepFailed
 
@@ -139,6 +140,7 @@ class Steps:
 
     def compile(self) -> dict:
         from farm.build.compile import compile_wheel, flags_report, read_nvcc_calls, record_nvcc_calls
+        from farm.build.compilelog import CompileWatch
 
         self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
@@ -148,8 +150,9 @@ class Steps:
         stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
         calls = record_nvcc_calls(env, self.out / "nvcc-calls", str(self._toolkit_provisioned().nvcc)) \
             if stop_after is not None else None
-        wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw, self.out / "compile.log",
-                              stop_after=stop_after)
+        with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls):
+            wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
+                                  self.out / "compile.log", stop_after=stop_after)
         found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
             if calls is not None else {}
         cache = dict(self.compiler_cache)
@@ -157,9 +160,20 @@ class Steps:
             from farm.build.ccache import read_stats_log
 
             cache["stats"] = read_stats_log(env["CCACHE_STATSLOG"])
+        # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
         return {"wheel": str(wheel) if wheel else None, **found,
                 "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
-                "compiler_cache": cache, "peak_process_mb": _peak_child_mb()}
+                "compiler_cache": cache, "peak_process_mb": progress.peak_child_mb()}
+
+    def failure_lines(self, phase: str) -> tuple[str, ...]:
+        """What the summary shows under a failed step's error: the cause as its own tool printed it."""
+        from farm.build.compilelog import first_error_lines, last_lines
+
+        if phase == "compile":
+            return tuple(first_error_lines(self.out / "compile.log"))
+        if phase == "prebuild":
+            return tuple(last_lines(self.out / "prebuild.log"))
+        return ()
 
     def _start_import_child(self) -> None:
         """The verify step's import check imports torch first: started now, that import runs beside the
@@ -228,16 +242,6 @@ def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cud
                           extra_sources=part.extra_sources, patches=part.patches, where=where)
 
 
-def _peak_child_mb() -> int | None:
-    """The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
-    None on Windows, which has no getrusage."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-
-
 def _read_state(out: Path) -> dict:
     path = out / "steps.json"
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -278,19 +282,24 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})
     try:
-        for phase in phases:
-            log(f"{phase}: start")
-            t0 = time.monotonic()
-            try:
-                steps.state[phase] = methods[phase]()
-            except FarmError as exc:
-                steps.state.setdefault("failed", {})[phase] = str(exc)
+        with progress.using(progress.FileSink(out / progress.PROGRESS_FILE)):   # what `farm build` shows
+            for phase in phases:
+                log(f"{phase}: start")
+                progress.emit(progress.Event(phase, "start"))
+                t0 = time.monotonic()
+                try:
+                    steps.state[phase] = methods[phase]()
+                except FarmError as exc:
+                    steps.state.setdefault("failed", {})[phase] = str(exc)
+                    _write_state(out, steps.state)
+                    progress.emit(progress.Event(phase, "fail", seconds=round(time.monotonic() - t0, 2), error=str(exc),
+                                                 lines=steps.failure_lines(phase), peak_mb=progress.peak_child_mb()))
+                    print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
+                    return exc.exit_code or 1
+                timings[phase] = round(time.monotonic() - t0, 2)
                 _write_state(out, steps.state)
-                print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
-                return exc.exit_code or 1
-            timings[phase] = round(time.monotonic() - t0, 2)
-            _write_state(out, steps.state)
-            log(f"{phase}: done in {timings[phase]}s")
+                progress.emit(progress.Event(phase, "end", seconds=timings[phase], peak_mb=progress.peak_child_mb()))
+                log(f"{phase}: done in {timings[phase]}s")
     finally:
         if steps.import_child is not None:   # a step failed before verify used it
             steps.import_child.close()

@@ -28,26 +28,51 @@ def register(sub) -> None:
                         help="--flags-only: minutes of compile before it is stopped (default 10)")
     parser.add_argument("--record", action="store_true",
                         help="write the recipe's build record, recipes/records/<name>.json (also FARM_RECORD=1)")
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="print only the result (the wheel, or the error)")
+    talk.add_argument("-v", "--verbose", action="store_true", help="stream the compile log under the step progress")
     parser.set_defaults(func=build_command)
 
 
 def build_command(args) -> int:
-    from farm.build.cell import build_cell
+    from farm.build import progress
+    from farm.build.cell import build_cell, build_dir, outcome
+    from farm.build.display import StepDisplay
     from farm.commands.common import output_dir
+    from farm.errors import FarmError
 
     output_dir(args.out, "--out")
     output_dir(args.wheelhouse, "--wheelhouse")
-    result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
-                        publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
-                        compiler_cache=not args.no_compiler_cache, record=args.record or None,
-                        tier="smoke" if args.smoke else "flags" if args.flags_only else "full", arch=args.arch,
-                        flags_minutes=_minutes(args))
+    display = StepDisplay(quiet=args.quiet, verbose=args.verbose)
+    try:
+        with progress.using(display):
+            result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
+                                publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
+                                compiler_cache=not args.no_compiler_cache, record=args.record or None,
+                                tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
+                                arch=args.arch, flags_minutes=_minutes(args), log=display.line)
+    except FarmError:
+        if display.steps:   # a step ran: what it got to, and why it stopped (the error line follows on stderr)
+            display.summary(outcome(args.cell, build_dir(args.cell, args.out)))
+        raise
+    finally:
+        display.close()
+    display.summary(outcome(args.cell, build_dir(args.cell, args.out), result))
+    if args.quiet:
+        _print_result(result)
+    return 0
+
+
+def _print_result(result) -> None:
+    from farm.build.compile import flags_summary
+
     if result.wheel:
         print(f"wheel:      {result.wheel}")
+    if result.record.get("flags"):
+        print(f"flags:      {flags_summary(result.record['flags'])}")
     if result.record:
         print(f"arch list:  {result.record['arch_list']}")
         print(f"record:     {result.record_path}")
-    return 0
 
 
 def _minutes(args) -> float | None:

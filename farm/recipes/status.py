@@ -86,14 +86,15 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     """The record of one build of `cell` from its output folder (steps.json, verify.json, build.json)."""
     import time
 
-    from farm.build.compile import by_arch, first_error
+    from farm.build.compile import by_arch
+    from farm.build.compilelog import first_error
+    from farm.build.verify.expectation import arches_found
 
     state = _read_json(out / "steps.json")
     source = state.get("source") or {}
     work_src = Path(source.get("work_dir") or settings.cache_dir() / "work" / cell.id / "src")
     report = _read_json(out / "verify.json")
-    arches: dict[str, Any] = next((c for c in report.get("checks", []) if c.get("name") == "arches"), {})
-    union = (arches.get("details") or {}).get("union") or {}
+    union = arches_found(report)
     build = build or {}
     wheel = build.get("wheel")
     wheel_path = out / "wheel" / wheel if wheel else None
@@ -117,7 +118,7 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     if report:
         record["gate"] = "pass" if report.get("passed") else "fail: " + ", ".join(report.get("failed") or [])
         record["gate_warnings"] = report.get("warned") or []
-        record["sass"], record["ptx"] = by_arch(union.get("sass") or []), by_arch(union.get("ptx") or [])
+        record["sass"], record["ptx"] = by_arch(union["sass"]), by_arch(union["ptx"])
     cache = compile_state.get("compiler_cache") or {}
     stats = cache.get("stats") or {}
     # a warm cache makes wall time and peak memory a rebuild's, not a compile's: say so

@@ -126,6 +126,13 @@ class Report:
         return out
 
 
+def arches_found(report: dict) -> dict[str, list[str]]:
+    """The SASS and PTX the arches check found over all modules, from a report as written (verify.json)."""
+    check: dict = next((c for c in report.get("checks") or [] if c.get("name") == "arches"), {})
+    union = (check.get("details") or {}).get("union") or {}
+    return {"sass": list(union.get("sass") or []), "ptx": list(union.get("ptx") or [])}
+
+
 def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:
     """The recipe's requires_dist for this cell: {LOCAL}, {LOCAL:x} and pinned {VER:x} filled in.
 
