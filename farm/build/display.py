@@ -158,8 +158,8 @@ class StepDisplay(Terminal):
         self.steps.pop(event.step, None)   # a step run again (env and toolkit, once per phase) starts over
         self.steps[event.step] = StepState(event.step, started=time.monotonic())
         self.throttle.forget(event.step)
+        self._refresh(force=True)   # the live view first, so the line printed above it is not followed by a stale one
         self._say(f"{event.step}: start")
-        self._refresh()
 
     def _on_progress(self, event: Event) -> None:
         state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, time.monotonic()))
@@ -195,7 +195,7 @@ class StepDisplay(Terminal):
         state.status = status
         state.seconds = event.seconds if event.seconds is not None else time.monotonic() - state.started
         state.peak_mb = event.peak_mb
-        self._refresh()
+        self._refresh(force=True)
         return state
 
     # ----- output
@@ -277,7 +277,9 @@ class StepDisplay(Terminal):
             row("logs", ", ".join(str(p) for p in outcome.logs if p.exists()) or "-")
         failed = next((s for s in self.steps.values() if s.status == "failed"), None)
         if failed is not None:
-            row("failed", f"{failed.name} after {fmt_s(failed.seconds)}: {failed.error}")
+            # the cause as its tool printed it when the step found one (the error line above already
+            # said the rest), else the step's one-line error
+            row("failed", f"{failed.name} after {fmt_s(failed.seconds)}" + ("" if failed.lines else f": {failed.error}"))
             out.extend(f"    {ln}" for ln in failed.lines)
         return out
 

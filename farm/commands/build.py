@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from farm.runners.base import RUNNER_KINDS
@@ -35,32 +37,42 @@ def register(sub) -> None:
 
 
 def build_command(args) -> int:
-    from farm.build import progress
     from farm.build.cell import build_cell, build_dir, outcome
     from farm.build.display import StepDisplay
     from farm.commands.common import output_dir
-    from farm.errors import FarmError
 
     output_dir(args.out, "--out")
     output_dir(args.wheelhouse, "--wheelhouse")
     display = StepDisplay(quiet=args.quiet, verbose=args.verbose)
-    try:
-        with progress.using(display):
-            result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
-                                publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
-                                compiler_cache=not args.no_compiler_cache, record=args.record or None,
-                                tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
-                                arch=args.arch, flags_minutes=_minutes(args), log=display.line)
-    except FarmError:
-        if display.steps:   # a step ran: what it got to, and why it stopped (the error line follows on stderr)
-            display.summary(outcome(args.cell, build_dir(args.cell, args.out)))
-        raise
-    finally:
-        display.close()
+    with showing_build(display, args.cell, args.out):
+        result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
+                            publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
+                            compiler_cache=not args.no_compiler_cache, record=args.record or None,
+                            tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
+                            arch=args.arch, flags_minutes=_minutes(args), log=display.line)
     display.summary(outcome(args.cell, build_dir(args.cell, args.out), result))
     if args.quiet:
         _print_result(result)
     return 0
+
+
+@contextmanager
+def showing_build(display, cell_id: str, out: Path | None) -> Iterator[None]:
+    """Every progress event of the build inside goes to `display`; a build that fails after a step ran
+    ends with the summary up to that step (the one-line error follows on stderr, from the CLI)."""
+    from farm.build import progress
+    from farm.build.cell import build_dir, outcome
+    from farm.errors import FarmError
+
+    try:
+        with progress.using(display):
+            yield
+    except FarmError:
+        if display.steps:
+            display.summary(outcome(cell_id, build_dir(cell_id, out)))
+        raise
+    finally:
+        display.close()
 
 
 def _print_result(result) -> None:

@@ -18,10 +18,18 @@ def register(sub) -> None:
 
 
 def demo_command(args) -> int:
+    from farm.build.cell import outcome
+    from farm.build.display import StepDisplay
+    from farm.commands.build import showing_build
     from farm.commands.common import output_dir
-    from farm.run.demo import run_demo
+    from farm.run.demo import DEMO_CELL, demo_out, run_demo
 
     output_dir(args.wheelhouse, "--wheelhouse")
     output_dir(args.build_dir, "--build-dir")
-    run_demo(args.cell or None, args.runner, args.wheelhouse, build_dir=args.build_dir)
+    cell_id = args.cell or DEMO_CELL
+    out = demo_out(cell_id, args.build_dir)
+    display = StepDisplay(prefix="[farm demo]")
+    with showing_build(display, cell_id, out):
+        run_demo(cell_id, args.runner, args.wheelhouse, build_dir=args.build_dir, log=display.line,
+                 built=lambda result: display.summary(outcome(cell_id, out, result)))
     return 0

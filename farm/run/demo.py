@@ -11,19 +11,27 @@ from __future__ import annotations
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from farm import settings
 from farm.arch.find import PYPI_SIMPLE
-from farm.build.cell import build_cell
+from farm.build import progress
+from farm.build.cell import BuildResult, build_cell
 from farm.errors import DemoFailed
 from farm.process import last_useful_lines, run
 
 DEMO_CELL = "farm_demo-cu130-torch2.13-py311"
 
 
+def demo_out(cell_id: str, build_dir: Path | None = None) -> Path:
+    """The demo cell's build folder: <build dir>/<cell id> (the project's build/ by default)."""
+    return Path(build_dir or settings.PROJECT_ROOT / "build") / cell_id
+
+
 def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelhouse: Path | None = None,
-             log=print, build_dir: Path | None = None) -> dict:
+             log=print, build_dir: Path | None = None, built: Callable[[BuildResult], None] | None = None) -> dict:
+    """built: shown the build's result before the install (`farm demo` prints the build summary)."""
     from packaging.utils import parse_wheel_filename
 
     from farm.arch.fatbin import read_fatbin
@@ -34,9 +42,12 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     cell_id = cell_id or DEMO_CELL
     house = Path(wheelhouse or settings.wheelhouse_dir())
     build_dir = Path(build_dir or settings.PROJECT_ROOT / "build")
-    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log, out=build_dir / cell_id)
+    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log,
+                        out=demo_out(cell_id, build_dir))
     wheel = result.wheel
     assert wheel is not None   # the full tier: only `flags` builds no wheel
+    if built is not None:
+        built(result)
     access_log = build_dir / "demo-access.log"
     access_log.parent.mkdir(parents=True, exist_ok=True)
     server = make_server(house, "127.0.0.1", 0, access_log=access_log)
@@ -52,9 +63,10 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
             cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
                    "--index-url", channel, "--extra-index-url", PYPI_SIMPLE, f"farm_demo=={version}"]
             log(f"$ {' '.join(cmd[2:])}")
-            proc = run(cmd)
-            if proc.returncode != 0:   # shown as a one-item list, brackets and quotes, as before
-                raise DemoFailed(f"pip could not install from {channel}: {last_useful_lines(proc.stderr, 1)}")
+            with progress.step("install"):
+                proc = run(cmd)
+                if proc.returncode != 0:   # shown as a one-item list, brackets and quotes, as before
+                    raise DemoFailed(f"pip could not install from {channel}: {last_useful_lines(proc.stderr, 1)}")
             installed = next(target.glob("farm_demo-*.dist-info")).name
             modules = sorted(target.glob("farm_demo/_C*.so"))
             report = read_fatbin(modules[0])
