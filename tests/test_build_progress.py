@@ -143,6 +143,30 @@ def test_pip_raw_progress_becomes_bytes_done_of_the_files_started():
     assert describe(seen[1]) == "262.1 KB of 16.9 MB, numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
+def test_image_set_up_counts_debootstraps_packages_and_the_image_builds_steps():
+    from farm.runners.images import debootstrap_progress, image_build_progress
+
+    seen: list[Event] = []
+    with progress.using(seen.append):
+        reader = debootstrap_progress()
+        for line in ("I: Retrieving InRelease ", "I: Checking Release signature", "I: Retrieving Packages ",
+                     "I: Retrieving base-files 12.4+deb12u15", "I: Validating base-files 12.4+deb12u15",
+                     "I: Retrieving bash 5.2.15-2+b13", "I: Unpacking apt...", "I: Configuring libc-bin..."):
+            reader(line)
+        for line in ("STEP 4/9: COPY install-deps.sh /usr/local/sbin/farm-install-deps",
+                     "STEP 5/9: RUN sh /usr/local/sbin/farm-install-deps", "Get:1 http://deb.debian.org ...",
+                     "#7 [builder 3/6] RUN apt-get update"):
+            image_build_progress(line)
+    boot = [(e.done, e.current) for e in seen if e.step == "debootstrap"]
+    assert boot == [(0, "Retrieving InRelease"), (0, "Retrieving Packages"), (1, "Retrieving base-files 12.4+deb12u15"),
+                    (1, "Validating base-files 12.4+deb12u15"), (2, "Retrieving bash 5.2.15-2+b13"),
+                    (2, "Unpacking apt"), (2, "Configuring libc-bin")]
+    assert describe(seen[4]) == "2 packages fetched, Retrieving bash 5.2.15-2+b13"
+    build = [describe(e) for e in seen if e.step == "image build"]
+    assert build == ["3/9 steps, COPY install-deps.sh /usr/local/sbin/farm-install-deps",
+                     "4/9 steps, RUN sh /usr/local/sbin/farm-install-deps", "2/6 steps, RUN apt-get update"]
+
+
 # ---------------------------------------------------------------- the event stream and the plain display
 
 def test_events_survive_the_file_and_foreign_lines_are_skipped(tmp_path):

@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 PLAIN_INTERVAL = 10.0   # seconds between two plain progress lines of one step
 
 
-def fmt_s(seconds: float | None) -> str:
-    """1.2s under a minute (short steps are most of a cached build), then 4m05s, 2h03m."""
+def fmt_s(seconds: float | None, tenths: bool = True) -> str:
+    """1.2s under a minute (short steps are most of a cached build; 1s without tenths), then 4m05s, 2h03m."""
     if seconds is None:
         return "-"
     if seconds < 60:
-        return f"{seconds:.1f}s"
+        return f"{seconds:.1f}s" if tenths else f"{int(seconds)}s"
     whole = int(seconds)
     if whole >= 3600:
         return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

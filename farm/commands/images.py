@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
 from farm.runners import images
 from farm.runners.engine import Engine
+
+if TYPE_CHECKING:
+    from farm.build.display import StepDisplay
 
 
 def register(sub) -> None:
@@ -35,8 +42,24 @@ def register(sub) -> None:
 
 
 def base_command(args) -> int:
-    print(images.ensure_base(args.arch or images.host_arch()))
+    with _shown():
+        ref = images.ensure_base(args.arch or images.host_arch())
+    print(ref)
     return 0
+
+
+@contextmanager
+def _shown() -> Iterator[StepDisplay]:
+    """Image set-up's steps (debootstrap, import, build, probe) on the build display (design.md §6.9)."""
+    from farm.build import progress
+    from farm.build.display import StepDisplay
+
+    display = StepDisplay(prefix="[farm images]")
+    try:
+        with progress.using(display):
+            yield display
+    finally:
+        display.close()
 
 
 def build_command(args) -> int:
@@ -49,7 +72,8 @@ def build_command(args) -> int:
     if args.dry_run:
         print(images.render_production(arch, cuda=args.cuda or "13.0"))
         return 0
-    image = images.ensure_builder(arch, base=args.base, cuda=args.cuda, force=args.force)
+    with _shown():
+        image = images.ensure_builder(arch, base=args.base, cuda=args.cuda, force=args.force)
     print(f"{image.ref} {image.id[:19]} {image.plat} pythons {' '.join(image.python_versions())}")
     return 0
 

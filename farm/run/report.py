@@ -15,13 +15,13 @@ import html
 import json
 import shutil
 import socket
-import sys
 import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm.build.display import Terminal, fmt_s
 from farm.yamlio import write_atomic
 
 if TYPE_CHECKING:
@@ -40,20 +40,12 @@ SUMMARY_ROWS = 200
 
 
 def _fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
+    return fmt_s(seconds, tenths=False)
 
 
-class Display:
+class Display(Terminal):
     def __init__(self, plain: bool | None = None, stream=None):
-        self.stream = stream or sys.stdout
-        self.rich = (not plain) if plain is not None else bool(getattr(self.stream, "isatty", lambda: False)())
+        super().__init__(plain, stream, prefix="[farm run]")
         self.t0 = time.time()
         self.total = 0
         self.skipped = 0
@@ -64,18 +56,6 @@ class Display:
         self._task: TaskID | None = None
         self._last_beat = time.monotonic()
         self._sched = None
-        if self.rich:
-            from rich.console import Console
-
-            self.console = Console(file=self.stream)
-
-    # ----- lines
-    def line(self, text: str) -> None:
-        if self.rich:
-            self.console.print(text, markup=False, highlight=False)
-        else:
-            self.stream.write(f"[farm run] {text}\n")
-            self.stream.flush()
 
     # ----- live progress
     def start(self, total: int, skipped: int) -> None:

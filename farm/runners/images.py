@@ -20,12 +20,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
 
 from farm import settings
+from farm.build import progress
 from farm.errors import BadInput, EngineError, ImageError
 from farm.platforms import plat_glibc
 from farm.process import last_line, run
@@ -125,6 +128,44 @@ def _say(msg: str, quiet: bool) -> None:
         print(f"farm images: {msg}", flush=True)
 
 
+# What image set-up shows while it runs (design.md §6.9): a step per stage, counted from its log.
+_DEBOOTSTRAP = re.compile(r"^I: (Retrieving|Validating|Extracting|Unpacking|Configuring|Installing) (.+?)[.\s]*$")
+_BUILD_STEP = re.compile(r"^(?:STEP (\d+)/(\d+): |#\d+ \[(?:[\w.-]+ )?(\d+)/(\d+)\] )(.*)$")   # podman, buildkit
+
+
+def debootstrap_progress() -> Callable[[str], None]:
+    """A reader of debootstrap's log lines that emits the packages fetched so far and what it is doing."""
+    fetched = [0]
+
+    def on_line(line: str) -> None:
+        if m := _DEBOOTSTRAP.match(line):
+            verb, what = m.groups()
+            if verb == "Retrieving" and what not in ("InRelease", "Packages"):
+                fetched[0] += 1
+            progress.emit(progress.Event("debootstrap", "progress", done=fetched[0], unit="packages fetched",
+                                         current=f"{verb} {what}"))
+    return on_line
+
+
+def image_build_progress(line: str) -> None:
+    """Emits the builder image's build step from a line of the engine's build log (`STEP 5/9: RUN ...`)."""
+    if m := _BUILD_STEP.match(line):
+        step, total = int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4))
+        progress.emit(progress.Event("image build", "progress", done=step - 1, total=total, unit="steps",
+                                     current=m.group(5).strip()[:80]))
+
+
+@contextmanager
+def _shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> Iterator[None]:
+    """A step of image set-up: its start and end, and its log's lines read for progress meanwhile."""
+    with progress.step(step):
+        if reader is None or not progress.active():
+            yield
+            return
+        with progress.Tail(log, reader, interval=0.5):
+            yield
+
+
 def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
     if os.geteuid() != 0:
         raise ImageError("debootstrap needs root (run `farm images base` as root, or import a base by hand)")
@@ -140,7 +181,7 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
                "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.value()]
         _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
-        with open(log, "ab") as fh:
+        with _shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
         if p.returncode != 0:
             raise ImageError(f"debootstrap failed (exit {p.returncode}): {last_line(log, default='')} (log {log})")
@@ -168,7 +209,8 @@ def ensure_base(arch: str, engine: Engine | None = None, quiet: bool = False) ->
         if not tarball.exists():
             _debootstrap(arch, tarball, images_dir() / f"base-{arch}.log", quiet)
         _say(f"importing {tarball.name} as {ref}", quiet)
-        engine.import_tarball(tarball, ref, arch, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+        with progress.step("base import"):
+            engine.import_tarball(tarball, ref, arch, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
     return ref
 
 
@@ -265,10 +307,12 @@ def ensure_builder(arch: str | None = None, engine: Engine | None = None, base: 
             local = base.startswith("localhost/")
             log = images_dir() / f"build-{arch}-{key}.log"
             log.unlink(missing_ok=True)
-            image_id = engine.build(DOCKER_DIR, ref, dockerfile=DOCKERFILE, build_args=build_args(base, cuda),
-                                    labels={"farm.key": key, "farm.base": base}, arch=arch,
-                                    network=not local, pull=not local, log_path=log)
-        image = _probe(engine, ref, image_id, arch, base, key)
+            with _shown("image build", log, image_build_progress):
+                image_id = engine.build(DOCKER_DIR, ref, dockerfile=DOCKERFILE, build_args=build_args(base, cuda),
+                                        labels={"farm.key": key, "farm.base": base}, arch=arch,
+                                        network=not local, pull=not local, log_path=log)
+        with progress.step("image probe"):
+            image = _probe(engine, ref, image_id, arch, base, key)
         image.cuda = cuda
         write_atomic(_record_path(arch, key), json.dumps(asdict(image), indent=2) + "\n")
         # The record of the image this one supersedes goes (the image stays: a build may use it).
