@@ -187,6 +187,21 @@ def test_events_survive_the_file_and_foreign_lines_are_skipped(tmp_path):
     assert [(e.step, e.kind) for e in got[2:]] == [("compile", "progress"), ("compile", "fail"), ("verify", "start")]
 
 
+def test_a_step_whose_child_died_silently_fails_with_the_hosts_line(tmp_path):
+    path = tmp_path / progress.PROGRESS_FILE
+    sink = progress.FileSink(path)
+    for event in (Event("env", "start"), Event("env", "end", seconds=0.1), Event("compile", "start")):
+        sink(event)
+    (tmp_path / "compile.log").write_text("[1/9] nvcc -c a.cu\n")
+    seen: list[Event] = []
+    with progress.using(seen.append):
+        relay = progress.Relay(path, logs={"compile": tmp_path / "compile.log"})
+        relay.fail_open("killed (exit 137: out of memory?)")   # the child wrote no end for compile
+    assert [(e.step, e.kind) for e in seen] == [("env", "start"), ("env", "end"), ("compile", "start"),
+                                                ("compile", "log"), ("compile", "fail")]
+    assert seen[3].text == "[1/9] nvcc -c a.cu" and seen[-1].error == "killed (exit 137: out of memory?)"
+
+
 def test_the_throttle_lets_a_key_through_once_per_interval():
     now = [100.0]
     throttle = Throttle(10.0, clock=lambda: now[0])
@@ -361,11 +376,14 @@ def test_a_failing_compile_shows_the_compilers_first_error_in_the_summary(tmp_pa
                                        "platforms: [linux]\nmin_torch: '2.13'\narch_list: '8.0'\n")
     out = tmp_path / "out"
     res = run_farm("build", "badcu-cu130-torch2.13-py311", "--runner", "host", "--no-publish", "--out", str(out),
-                   env={"FARM_RECIPES": str(recipes)}, timeout=1800)
+                   "-v", env={"FARM_RECIPES": str(recipes)}, timeout=1800)
     assert res.returncode == 1, res.stdout + res.stderr
     stderr = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(stderr) == 1 and 'bad.cu(3): error: expected a ";"' in stderr[0], res.stderr
     text = res.stdout
+    # -v: the compile log streams under the step lines, unprefixed, before the compile's end
+    assert re.search(r"^\[1/1\] .*nvcc.* -c \S*bad\.cu", text, re.M) and "2 errors detected" in text
+    assert text.index("2 errors detected") < text.index("[farm build] compile: failed after")
     assert re.search(r"^\[farm build\] compile: failed after \d+(\.\d)?s: compile failed", text, re.M), text
     summary = text[text.index("[farm build] badcu-cu130-torch2.13-py311: failed"):]
     failed = re.search(r"failed: +compile after \S+\n\[farm build\]     (.*)\n", summary)

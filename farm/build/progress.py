@@ -224,15 +224,16 @@ class Relay:
 
     def __init__(self, path: Path, logs: dict[str, Path] | None = None, interval: float = 0.2):
         self.open: dict[str, float] = {}   # step -> when it started (monotonic)
-        self._tails = [follow_events(path, self._event, interval)]
-        for name, log in (logs or {}).items():
-            self._tails.append(Tail(log, _log_lines_of(name), interval))
+        self._logs = {name: Tail(log, _log_lines_of(name), interval) for name, log in (logs or {}).items()}
+        self._tails = [follow_events(path, self._event, interval), *self._logs.values()]
 
     def _event(self, event: Event) -> None:
         if event.kind == "start":
             self.open[event.step] = time.monotonic()
         elif event.kind in ("end", "fail"):
             self.open.pop(event.step, None)
+            if event.step in self._logs:   # the step's last log lines come before its end
+                self._logs[event.step].poll()
         emit(event)
 
     def poll(self) -> None:
