@@ -22,6 +22,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from farm import settings
+from farm.build import progress
 from farm.errors import RunnerError
 from farm.process import last_line, run
 from farm.runners import images
@@ -122,8 +123,9 @@ class ContainerRunner:
         root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(root / f".{key}.lock")):
             if not (dest / ".farm-ok").exists():
-                wheels = self._download_tools(py["version"], reqs)
-                self._install_tools(dest, py["path"], wheels, reqs)
+                with progress.step("image tools"):   # once per image: a minute with nothing else to show
+                    wheels = self._download_tools(py["version"], reqs)
+                    self._install_tools(dest, py["path"], wheels, reqs)
         self._tools = dest
         return dest
 
