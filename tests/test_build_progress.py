@@ -128,6 +128,43 @@ def test_ninja_cmake_and_plain_compiler_lines_count_the_compile():
     assert (plain.done, plain.total, plain.current) == (2, None, "src/b.cu")
 
 
+# ccache 4.7's stats log of a build with one miss then two hits, as CCACHE_STATSLOG writes it.
+CCACHE_STATS = """# ../../csrc/elementwise.cu
+cache_miss
+local_storage_miss
+local_storage_write
+# ../../csrc/binding.cpp
+direct_cache_hit
+local_storage_hit
+local_storage_read_hit
+local_storage_read_hit
+# ../../csrc/reduce.cu
+preprocessed_cache_hit
+direct_cache_hit
+local_storage_hit
+"""
+
+
+def test_the_compile_watch_emits_every_count_with_the_cache_hits_so_far(tmp_path):
+    from farm.build.ccache import read_stats_log
+    from farm.build.compilelog import CompileWatch
+
+    log, stats = tmp_path / "compile.log", tmp_path / "ccache-stats.log"
+    seen: list[Event] = []
+    with progress.using(seen.append), CompileWatch(log, str(stats), interval=3600) as watch:   # polled by hand
+        with open(log, "a") as fh, open(stats, "a") as st:
+            for n, (name, block) in enumerate(zip(("elementwise.cu", "binding.cpp", "reduce.cu"),
+                                                  CCACHE_STATS.split("# ")[1:], strict=True), start=1):
+                st.write("# " + block)
+                st.flush()
+                fh.write(f"[{n}/3] ccache nvcc -c /farm/work/src/csrc/{name} -o {name}.o\nsome warning\n")
+                fh.flush()
+                watch.poll()
+    assert [(e.done, e.total, e.current, e.hits) for e in seen] == [
+        (1, 3, "csrc/elementwise.cu", 0), (2, 3, "csrc/binding.cpp", 1), (3, 3, "csrc/reduce.cu", 2)]
+    assert watch.hits == read_stats_log(stats)["hits"] == 2
+
+
 def test_pip_raw_progress_becomes_bytes_done_of_the_files_started():
     seen: list[Event] = []
     reader = DownloadProgress()

@@ -91,17 +91,27 @@ class CompileWatch:
     def __init__(self, log: Path, stats_log: str | None = None, calls: Path | None = None,
                  interval: float = 0.25):
         self.count = Count()
-        self.stats_log = Path(stats_log) if stats_log else None
         self.calls = calls
         self.hits: int | None = None
+        self._block_hit = False
         self._tail = progress.Tail(log, self._line, interval)
+        # read as it grows, never again from its start: a 10,000-object build must not reread it per object
+        self._stats = progress.Tail(Path(stats_log), self._stats_line) if stats_log else None
+
+    def _stats_line(self, line: str) -> None:
+        """ccache's stats log: `# <file>`, then its counters; a file with a hit counter is a hit (the rule
+        of farm.build.ccache.read_stats_log, counted as the lines come)."""
+        from farm.build.ccache import HIT_COUNTERS
+
+        if line.startswith("# "):
+            self.hits, self._block_hit = self.hits or 0, False
+        elif line.strip() in HIT_COUNTERS and not self._block_hit:
+            self.hits, self._block_hit = (self.hits or 0) + 1, True
 
     def _cache_hits(self) -> int | None:
-        if self.stats_log is None or not self.stats_log.exists():
-            return self.hits
-        from farm.build.ccache import read_stats_log
-
-        return read_stats_log(self.stats_log)["hits"]
+        if self._stats is not None:
+            self._stats.poll()
+        return self.hits
 
     def _line(self, line: str) -> None:
         moved = read_progress_line(line, self.count)
@@ -113,6 +123,10 @@ class CompileWatch:
             c = self.count
             progress.emit(progress.Event("compile", "progress", done=c.done, total=c.total, unit=c.unit,
                                          current=c.current, hits=self.hits))
+
+    def poll(self) -> None:
+        """Read what the compile wrote since the last look, now (the thread does this every interval)."""
+        self._tail.poll()
 
     def __enter__(self) -> CompileWatch:
         self._tail.start()
