@@ -96,6 +96,13 @@ def emit(event: Event) -> None:
         sink(event)
 
 
+def send_to(sink: Sink | None) -> None:
+    """Send every emit() of this process to `sink` from now on (the steps child, which ends after its phases)."""
+    global _sink
+    with _sink_lock:
+        _sink = sink
+
+
 @contextmanager
 def using(sink: Sink | None) -> Iterator[None]:
     """Send every emit() of this process to `sink` for the duration (threads included)."""

@@ -281,25 +281,25 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
     methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})
+    progress.send_to(progress.FileSink(out / progress.PROGRESS_FILE))   # what `farm build` shows (design.md §6.9)
     try:
-        with progress.using(progress.FileSink(out / progress.PROGRESS_FILE)):   # what `farm build` shows
-            for phase in phases:
-                log(f"{phase}: start")
-                progress.emit(progress.Event(phase, "start"))
-                t0 = time.monotonic()
-                try:
-                    steps.state[phase] = methods[phase]()
-                except FarmError as exc:
-                    steps.state.setdefault("failed", {})[phase] = str(exc)
-                    _write_state(out, steps.state)
-                    progress.emit(progress.Event(phase, "fail", seconds=round(time.monotonic() - t0, 2), error=str(exc),
-                                                 lines=steps.failure_lines(phase), peak_mb=progress.peak_child_mb()))
-                    print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
-                    return exc.exit_code or 1
-                timings[phase] = round(time.monotonic() - t0, 2)
+        for phase in phases:
+            log(f"{phase}: start")
+            progress.emit(progress.Event(phase, "start"))
+            t0 = time.monotonic()
+            try:
+                steps.state[phase] = methods[phase]()
+            except FarmError as exc:
+                steps.state.setdefault("failed", {})[phase] = str(exc)
                 _write_state(out, steps.state)
-                progress.emit(progress.Event(phase, "end", seconds=timings[phase], peak_mb=progress.peak_child_mb()))
-                log(f"{phase}: done in {timings[phase]}s")
+                progress.emit(progress.Event(phase, "fail", seconds=round(time.monotonic() - t0, 2), error=str(exc),
+                                             lines=steps.failure_lines(phase), peak_mb=progress.peak_child_mb()))
+                print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
+                return exc.exit_code or 1
+            timings[phase] = round(time.monotonic() - t0, 2)
+            _write_state(out, steps.state)
+            progress.emit(progress.Event(phase, "end", seconds=timings[phase], peak_mb=progress.peak_child_mb()))
+            log(f"{phase}: done in {timings[phase]}s")
     finally:
         if steps.import_child is not None:   # a step failed before verify used it
             steps.import_child.close()
