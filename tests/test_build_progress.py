@@ -267,6 +267,26 @@ def test_plain_lines_keep_every_start_and_end_and_one_progress_line_per_interval
     assert lines[-1] == "[farm build] compile: done in 5m00s (300/300 objects, 150 cache hits)"
 
 
+def test_a_plain_step_that_says_nothing_for_a_while_says_it_still_runs():
+    out = StringIO()
+    display = StepDisplay(plain=True, stream=out, heartbeat=0.2)
+    display(Event("env", "start"))
+    deadline = time.monotonic() + 10
+    while "env: running for" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    display(Event("env", "end", seconds=0.5))
+    display.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[farm build] env: start" and lines[-1] == "[farm build] env: done in 0.5s"
+    assert all(re.fullmatch(r"\[farm build\] env: running for \d+\.\ds", ln) for ln in lines[1:-1]) and lines[1:-1]
+    silent = StringIO()
+    quiet = StepDisplay(plain=True, stream=silent, heartbeat=0.2, quiet=True)
+    quiet(Event("env", "start"))
+    time.sleep(0.5)
+    quiet.close()
+    assert silent.getvalue() == ""
+
+
 def test_quiet_shows_nothing_and_a_failure_summary_shows_the_first_error(tmp_path):
     from farm.build.display import Outcome
 

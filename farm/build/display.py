@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.live import Live
 
 PLAIN_INTERVAL = 10.0   # seconds between two plain progress lines of one step
+HEARTBEAT = 60.0        # a plain line for a running step that said nothing for this long (a cold env, verify)
 
 
 def fmt_s(seconds: float | None, tenths: bool = True) -> str:
@@ -140,14 +141,19 @@ class StepDisplay(Terminal):
 
     def __init__(self, plain: bool | None = None, stream=None, *, quiet: bool = False, verbose: bool = False,
                  interval: float = PLAIN_INTERVAL, prefix: str = "[farm build]",
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, heartbeat: float = HEARTBEAT):
         super().__init__(plain, stream, prefix)
         self.quiet, self.verbose = quiet, verbose
         self.throttle = Throttle(interval, clock)
+        self.clock = clock
         self.steps: dict[str, StepState] = {}
         self._lock = threading.RLock()
         self._live: Live | None = None
         self._last_refresh = 0.0
+        self.heartbeat = heartbeat
+        self._said: dict[str, float] = {}   # step -> when its last plain line was printed
+        self._beating: threading.Thread | None = None
+        self._stop_beating = threading.Event()
 
     # ----- the sink
     def __call__(self, event: Event) -> None:
@@ -156,13 +162,16 @@ class StepDisplay(Terminal):
 
     def _on_start(self, event: Event) -> None:
         self.steps.pop(event.step, None)   # a step run again (env and toolkit, once per phase) starts over
-        self.steps[event.step] = StepState(event.step, started=time.monotonic())
+        self.steps[event.step] = StepState(event.step, started=self.clock())
         self.throttle.forget(event.step)
         self._refresh(force=True)   # the live view first, so the line printed above it is not followed by a stale one
-        self._say(f"{event.step}: start")
+        self._say(f"{event.step}: start", event.step)
+        if not self.rich and not self.quiet and self._beating is None:
+            self._beating = threading.Thread(target=self._beat, name="build display heartbeat", daemon=True)
+            self._beating.start()
 
     def _on_progress(self, event: Event) -> None:
-        state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, time.monotonic()))
+        state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, self.clock()))
         previous, state.last = state.last, event
         if self.quiet:
             return
@@ -170,7 +179,7 @@ class StepDisplay(Terminal):
             # Each new count is drawn at least once, however quickly the next one comes.
             self._refresh(force=previous is None or previous.done != event.done)
         elif self.throttle.ready(event.step):
-            self.line(f"{event.step}: {describe(event)}")
+            self._say(f"{event.step}: {describe(event)}", event.step)
 
     def _on_end(self, event: Event) -> None:
         state = self._finish(event, "done")
@@ -191,17 +200,30 @@ class StepDisplay(Terminal):
                 self.stream.flush()
 
     def _finish(self, event: Event, status: str) -> StepState:
-        state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, time.monotonic()))
+        state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, self.clock()))
         state.status = status
-        state.seconds = event.seconds if event.seconds is not None else time.monotonic() - state.started
+        state.seconds = event.seconds if event.seconds is not None else self.clock() - state.started
         state.peak_mb = event.peak_mb
         self._refresh(force=True)
         return state
 
+    def _beat(self) -> None:
+        """Plain mode: a running step that printed nothing for `heartbeat` seconds says it still runs."""
+        while not self._stop_beating.wait(self.heartbeat / 4):
+            with self._lock:
+                now = self.clock()
+                for state in self.steps.values():
+                    if state.status == "running" and now - self._said.get(state.name, now) >= self.heartbeat:
+                        detail = describe(state.last)
+                        self._say(f"{state.name}: running for {fmt_s(now - state.started)}"
+                                  + (f" ({detail})" if detail else ""), state.name)
+
     # ----- output
-    def _say(self, text: str) -> None:
+    def _say(self, text: str, step: str | None = None) -> None:
         if not self.quiet:
             self.line(text)
+            if step is not None:
+                self._said[step] = self.clock()
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -234,11 +256,15 @@ class StepDisplay(Terminal):
         table = Table.grid(padding=(0, 1))
         for state in self.steps.values():
             if state.status == "running":
-                table.add_row(Spinner("dots"), state.name, fmt_s(time.monotonic() - state.started),
+                table.add_row(Spinner("dots"), state.name, fmt_s(self.clock() - state.started),
                               describe(state.last))
         return table
 
     def close(self) -> None:
+        self._stop_beating.set()
+        if self._beating is not None:
+            self._beating.join()
+            self._beating, self._stop_beating = None, threading.Event()   # a later step may beat again
         with self._lock:
             if self._live is not None:
                 self._live.stop()
