@@ -96,11 +96,12 @@ def emit(event: Event) -> None:
         sink(event)
 
 
-def send_to(sink: Sink | None) -> None:
-    """Send every emit() of this process to `sink` from now on (the steps child, which ends after its phases)."""
+def send_to(sink: Sink | None) -> Sink | None:
+    """Send every emit() of this process to `sink` from now on; returns the sink it replaces (to put back)."""
     global _sink
     with _sink_lock:
-        _sink = sink
+        before, _sink = _sink, sink
+    return before
 
 
 @contextmanager

@@ -281,7 +281,7 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
     methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
                "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     timings = steps.state.setdefault("timings", {})
-    progress.send_to(progress.FileSink(out / progress.PROGRESS_FILE))   # what `farm build` shows (design.md §6.9)
+    before = progress.send_to(progress.FileSink(out / progress.PROGRESS_FILE))   # what `farm build` shows (§6.9)
     try:
         for phase in phases:
             log(f"{phase}: start")
@@ -301,6 +301,7 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
             progress.emit(progress.Event(phase, "end", seconds=timings[phase], peak_mb=progress.peak_child_mb()))
             log(f"{phase}: done in {timings[phase]}s")
     finally:
+        progress.send_to(before)   # a test runs the steps in its own process
         if steps.import_child is not None:   # a step failed before verify used it
             steps.import_child.close()
     return 0
