@@ -180,6 +180,24 @@ def test_pip_raw_progress_becomes_bytes_done_of_the_files_started():
     assert describe(seen[1]) == "262.1 KB of 16.9 MB, numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
+def test_a_downloads_step_of_two_pip_runs_totals_both_and_the_next_step_run_starts_at_zero():
+    """The env's torch closure, then the recipe's deps: the step's end line must count both runs."""
+    def pip_run(name: str, size: int) -> None:
+        reader = DownloadProgress()
+        for line in (f"  Downloading {name} (x)", f"Progress {size} of {size}", f"Saved ./d/{name}"):
+            reader(line)
+
+    seen: list[Event] = []
+    with progress.using(seen.append):
+        with progress.step("downloads"):
+            pip_run("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl", 5000)
+            pip_run("numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", 700)
+        with progress.step("downloads"):
+            pip_run("six-1.17.0-py2.py3-none-any.whl", 11)
+    counts = [(e.done, e.total) for e in seen if e.kind == "progress"]
+    assert counts == [(5000, 5000), (5700, 5700), (11, 11)]
+
+
 def test_image_set_up_counts_debootstraps_packages_and_the_image_builds_steps():
     from farm.runners.images import debootstrap_progress, image_build_progress
 

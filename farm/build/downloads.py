@@ -205,11 +205,15 @@ def _progress_bar() -> str:
 
 class DownloadProgress:
     """Reads pip download's output as it comes and emits `downloads` progress: bytes done of the bytes
-    of the files pip has started so far (pip learns the closure as it resolves), on the current file."""
+    of the files pip has started so far (pip learns the closure as it resolves), on the current file.
+    One downloads step runs pip several times (torch, then the recipe's deps): the counts go on from
+    where the step's previous run left them, so the step's last line totals them all."""
+
+    _carried: dict[float | None, tuple[int, int]] = {}   # step run -> (bytes done, bytes total) so far
 
     def __init__(self) -> None:
-        self.finished = 0            # bytes of the files before the current one
-        self.total = 0
+        self.run = progress.started("downloads")
+        self.finished, self.total = self._carried.get(self.run, (0, 0)) if self.run is not None else (0, 0)
         self.file: str | None = None
         self.file_done = 0
         self.file_total: int | None = None
@@ -223,6 +227,8 @@ class DownloadProgress:
             if self.file_total is None:
                 self.file_total, self.total = size, self.total + size
             self.file_done = done
+            if self.run is not None:
+                type(self)._carried = {self.run: (self.finished + done, self.total)}
             progress.emit(progress.Event("downloads", "progress", done=self.finished + done, total=self.total,
                                          unit="bytes", current=self.file))
 

@@ -127,10 +127,19 @@ def peak_child_mb() -> int | None:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
 
 
+_started: dict[str, float] = {}   # step -> when its latest run in this process began (monotonic)
+
+
+def started(name: str) -> float | None:
+    """When the latest run of step `name` began in this process (None outside one): lets a counter
+    that several calls feed within one step (downloads) tell the same run from the next."""
+    return _started.get(name)
+
+
 @contextmanager
 def step(name: str) -> Iterator[None]:
     """A step run in this process: start, then end with its time, or fail with the error's line."""
-    t0 = time.monotonic()
+    t0 = _started[name] = time.monotonic()
     emit(Event(name, "start"))
     try:
         yield
