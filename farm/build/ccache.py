@@ -42,12 +42,16 @@ def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
     return f"{cuda_tag(cuda)}-torch{torch}" if links_torch and torch else cuda_tag(cuda)
 
 
-def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
-    """cache_dir()/ccache/<group>; FARM_CCACHE_DIR replaces cache_dir()/ccache (a cold cache for benchmarks:
-    host runner only, a container mounts cache_dir()/ccache)."""
+def root_dir() -> Path:
+    """cache_dir()/ccache, or FARM_CCACHE_DIR: a cache of its own (a cold one for benchmarks, the folder a CI
+    job restores and saves); both runners use it, a container has it mounted at /farm/cache/ccache."""
     own = settings.CCACHE_DIR.get()
-    root = Path(own) if own else settings.cache_dir() / "ccache"
-    return root / group_name(cuda, torch, links_torch)
+    return Path(own) if own else settings.cache_dir() / "ccache"
+
+
+def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
+    """root_dir()/<group>."""
+    return root_dir() / group_name(cuda, torch, links_torch)
 
 
 def find_ccache() -> str | None:

@@ -1,11 +1,15 @@
-"""`farm ci github`: GitHub Actions workflows for the farm; `farm ci outputs`: what their plan jobs emit."""
+"""`farm ci github`: GitHub Actions workflows for the farm; `farm ci outputs`: what their plan jobs emit;
+`farm ci row`: what a row job builds; `farm ci image save|load`: the builder image handed between jobs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from farm.commands.common import empty_selection, output_dir
+from farm.commands.common import empty_selection, input_dir, output_dir, output_file
 from farm.commands.plan import add_filters, filters_of, selected
+from farm.errors import BadInput
+from farm.runners.base import RUNNER_KINDS
+from farm.runners.images import ARCHES
 
 
 def register(sub) -> None:
@@ -16,6 +20,8 @@ def register(sub) -> None:
     p = verbs.add_parser("github", help="write the build and matrix-refresh workflows")
     add_filters(p)
     p.add_argument("--out", type=Path, default=Path(".github/workflows"), help="default: .github/workflows/")
+    p.add_argument("--wheelhouse", type=Path,
+                   help="whose config.json may name an image_registry (default: the project's wheelhouse)")
     p.set_defaults(func=github_command)
 
     p = verbs.add_parser("outputs", help="(in a plan job) per chunk of this group, the cells missing from the wheelhouse")
@@ -25,24 +31,50 @@ def register(sub) -> None:
     p.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"))
     p.set_defaults(func=outputs_command)
 
+    p = verbs.add_parser("row", help="(in a row job) build a row's Python siblings in sequence into a staging folder")
+    p.add_argument("row", metavar="ROW_ID", help="e.g. farm_demo-cu130-torch2.13 (a cell id without its Python)")
+    p.add_argument("--staging", type=Path, help="the staging wheelhouse each built sibling is published into")
+    p.add_argument("--wheelhouse", type=Path, help="the house that says what is built (default: nothing is)")
+    p.add_argument("--out", type=Path, default=Path("build"), help="build folders and row-report.json (default build/)")
+    p.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
+    p.add_argument("--budget-minutes", type=float, help="start a sibling only while it fits in these minutes")
+    p.add_argument("--summary", type=Path, help="append the report as Markdown to this file ($GITHUB_STEP_SUMMARY)")
+    p.add_argument("--pythons", action="store_true", help="print the row's Pythons and build nothing")
+    p.set_defaults(func=row_command)
+
+    p = verbs.add_parser("image", help="hand the builder image between jobs: save it to, or load it from, a folder")
+    p.add_argument("action", choices=("save", "load"))
+    p.add_argument("--arch", choices=ARCHES, required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dir", type=Path, help="the folder of the image archive (an artifact)")
+    where.add_argument("--registry", help="load: pull <registry>:<arch>-<key> instead (wheelhouse/config.json)")
+    p.set_defaults(func=image_command)
+
 
 def github_command(args) -> int:
-    from farm.run.ci import actionlint_config, github_workflows
+    from farm import settings
+    from farm.run.ciworkflow import actionlint_config, github_workflows
+    from farm.wheelhouse import Config
     from farm.yamlio import write_atomic
 
     output_dir(args.out, "--out")
+    input_dir(args.wheelhouse, "--wheelhouse")
+    registry = Config.load(args.wheelhouse or settings.wheelhouse_dir()).image_registry
     plan, cells, shard = selected(args)   # every value known before anything is written
     if not cells:
         print(f"{empty_selection(args)}; nothing written")
         return 0
-    files, chunks, left = github_workflows(plan, cells, filters_of(args), shard, out_dir=str(args.out))
+    files, chunks, left = github_workflows(plan, cells, filters_of(args), shard, out_dir=str(args.out),
+                                           registry=registry)
     for name, text in files.items():
         write_atomic(args.out / name, text)
         print(f"wrote {args.out / name} ({len(text.encode())} bytes)")
     write_atomic(config := actionlint_path(args.out), actionlint_config())
     print(f"wrote {config}")
     lanes = sorted({c.lane for c in chunks})
-    print(f"{sum(len(c.cells) for c in chunks)} cells in {len(chunks)} build jobs ({', '.join(lanes) or 'none'})")
+    built = [c for c in cells if not plan.recipes[c.recipe_name].needs_patch]
+    print(f"{len(built)} cells in {sum(len(c.rows) for c in chunks)} row jobs, {len(chunks)} matrices "
+          f"({', '.join(lanes) or 'none'})" + (f"; builder image from {registry}" if registry else ""))
     if left:
         print(f"left out: {sum(len(v) for v in left.values())} cells of recipes that need a patch nobody wrote: "
               + ", ".join(left))
@@ -63,4 +95,53 @@ def outputs_command(args) -> int:
     plan, cells, _ = selected(args)
     for line in missing_outputs(plan, cells, args.group, args.layout, args.wheelhouse):
         print(line)
+    return 0
+
+
+def row_command(args) -> int:
+    from farm.run.cirow import build_row, find_row
+
+    row, plan = find_row(args.row)
+    if args.pythons:
+        print(" ".join(c.python for c in row.cells))
+        return 0
+    if args.staging is None:
+        raise BadInput("command line", "--staging", None, "a row job publishes into a staging folder: name it")
+    for path, option in ((args.staging, "--staging"), (args.out, "--out")):
+        output_dir(path, option)
+    input_dir(args.wheelhouse, "--wheelhouse")
+    if args.summary is not None:
+        output_file(args.summary, "--summary")
+    if args.budget_minutes is not None and not 0 < args.budget_minutes <= 7 * 24 * 60:
+        raise BadInput("command line", "--budget-minutes", args.budget_minutes, "expected minutes > 0 and at most a week")
+    print(f"row {row.id}: {len(row.cells)} sibling(s) ({' '.join(c.python for c in row.cells)}), "
+          f"compiler cache group {row.cache_group}", flush=True)
+    report = build_row(row, plan, staging=args.staging, wheelhouse=args.wheelhouse, out=args.out,
+                       runner_kind=args.runner, budget_minutes=args.budget_minutes)
+    if args.summary is not None:
+        with open(args.summary, "a") as fh:
+            fh.write(report.markdown())
+    print(report.summary())
+    for s in report.siblings:
+        if s.status in ("failed", "deferred"):
+            print(f"  {s.status}: {s.cell}: {s.why}")
+    return 1 if report.failed else 0
+
+
+def image_command(args) -> int:
+    from farm.runners import images
+
+    if args.action == "save":
+        if args.dir is None:
+            raise BadInput("command line", "--dir", None, "save writes the archive into a folder: name it")
+        output_dir(args.dir, "--dir")
+        print(f"saved {images.save_builder(args.arch, args.dir)}")
+        return 0
+    archive = None
+    if args.dir is not None:
+        archive = images.archive_path(args.dir, args.arch)
+        if not archive.is_file():
+            raise BadInput("command line", "--dir", str(args.dir), f"holds no {archive.name}")
+    image = images.adopt_builder(args.arch, archive=archive, registry=args.registry)
+    print(f"{image.ref} {image.id[:19]} {image.plat} pythons {' '.join(image.python_versions())}")
     return 0

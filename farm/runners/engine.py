@@ -1,7 +1,7 @@
 """The container engine behind the Docker CLI: docker or podman, one class.
 
 The farm speaks only Docker CLI verbs (build, create, start, wait, rm, run, cp,
-inspect, import), which both `docker` and `podman` understand (design.md §8.2). Which
+inspect, import, and save, load, pull, tag to hand an image to another host), which both `docker` and `podman` understand (design.md §8.2). Which
 executable is used: `FARM_ENGINE` (docker | podman | a path), else the first of
 docker, podman that answers `info`. Engine differences are handled here and
 nowhere else; each one is commented where it is handled.
@@ -222,6 +222,20 @@ class Engine:
             where = f" (log {log_path})" if log_path else ""
             raise EngineError(f"{self.name} build of {tag} failed (exit {p.returncode}){last}{where}")
         return self.image_id(tag) or ""
+
+    def save(self, ref: str, archive: Path) -> None:
+        """`save -o`: the image with its tag as one archive file (docker-archive, which both engines load)."""
+        self._run(["save", "-o", str(archive), ref], timeout=1800)
+
+    def load(self, archive: Path) -> None:
+        """`load -i`: an archive `save` wrote; the image keeps its id and tag."""
+        self._run(["load", "-i", str(archive)], timeout=1800)
+
+    def pull(self, ref: str) -> None:
+        self._run(["pull", ref], timeout=3600)
+
+    def tag(self, ref: str, new_ref: str) -> None:
+        self._run(["tag", ref, new_ref])
 
     # ----- containers -----------------------------------------------------------
 

@@ -351,6 +351,50 @@ def list_images(engine: Engine | None = None) -> list[tuple[Image, bool]]:
     return out
 
 
+# ----- handing an image to another host (CI: built once per run, loaded by every build job) -----
+
+
+def archive_path(folder: Path, arch: str) -> Path:
+    return Path(folder) / f"farm-builder-{check_arch(arch)}.tar"
+
+
+def save_builder(arch: str, folder: Path, engine: Engine | None = None) -> Path:
+    """The current builder image of `arch` (built when it is not) as one archive in `folder`."""
+    engine = engine or Engine.detect()
+    image = ensure_builder(arch, engine)
+    out = archive_path(folder, arch)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    part.unlink(missing_ok=True)   # the engine refuses to overwrite
+    engine.save(image.ref, part)
+    os.replace(part, out)
+    return out
+
+
+def adopt_builder(arch: str, *, archive: Path | None = None, registry: str | None = None,
+                  engine: Engine | None = None) -> Image:
+    """Make the builder image another host made this host's: load `archive`, or pull
+    `<registry>:<arch>-<key>` (the local tag's name part), then probe and record it here, because the
+    Pythons it can mount are this host's. The image must carry the key this checkout computes, so a
+    build keyed here is the build that image makes."""
+    check_arch(arch)
+    engine = engine or Engine.detect()
+    base = base_ref(arch)
+    ref = builder_ref(arch, builder_key(arch, base))
+    if not engine.image_id(ref):
+        if archive is not None:
+            engine.load(archive)
+        elif registry:
+            remote = f"{registry}:{ref.split(':', 1)[1]}"
+            engine.pull(remote)
+            engine.tag(remote, ref)
+    if not engine.image_id(ref):
+        where = archive or registry or "the engine"
+        raise ImageError(f"{where} holds no {ref}: it was built from another checkout of docker/ "
+                         "(rebuild it from this one)")
+    return ensure_builder(arch, engine, base=base)
+
+
 # ----- what an image provides ------------------------------------------------------
 
 

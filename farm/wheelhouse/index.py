@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,9 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ANY_PLATFORMS = ("linux_x86_64", "linux_aarch64", "win_amd64")
 
 
+_REGISTRY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
+
+
 @dataclass(frozen=True)
 class Config:
     """Optional `config.json` in the wheelhouse.
@@ -52,10 +56,13 @@ class Config:
     file_base_url: hrefs point there (object storage, release assets) instead of ../files/.
     channels: [["12.8", "2.8"], ...] channels that exist even before a torch-linked wheel lands in them,
               so torch-free wheels of that CUDA line are listed there (e.g. the grid's rows).
+    image_registry: a repository (`ghcr.io/org/farm-builder`) the CI build jobs pull the builder image
+              from, tagged `<arch>-<key>` as the local image, instead of building it once per run.
     """
 
     file_base_url: str | None = None
     channels: tuple[tuple[str, str], ...] = ()
+    image_registry: str | None = None
 
     @classmethod
     def load(cls, root: Path) -> Config:
@@ -79,7 +86,11 @@ class Config:
             except (ValueError, TypeError):
                 raise BadInput(display(path), "channels", item, "expected [cuda, torch minor], e.g. ['12.8', '2.8']") from None
             channels.append((cuda, torch))
-        return cls(base.rstrip("/") if base else None, tuple(channels))
+        registry = data.get("image_registry")
+        if registry is not None and not (isinstance(registry, str) and _REGISTRY.fullmatch(registry)):
+            raise BadInput(display(path), "image_registry", registry,
+                           "expected a repository without scheme or tag, e.g. ghcr.io/org/farm-builder")
+        return cls(base.rstrip("/") if base else None, tuple(channels), registry)
 
 
 @functools.lru_cache(maxsize=1024)
