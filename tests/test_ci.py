@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -330,49 +331,182 @@ DEMO = ("--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--python
         "--platform", "linux")
 
 
+class LocalRunner:
+    """A GitHub runner played on this machine, for one job: its `run:` steps run in order with bash in the
+    job's folder (the checkout simulated by a link to the project's scripts/, the farm already installed in
+    this venv), GITHUB_ENV / GITHUB_OUTPUT / GITHUB_STEP_SUMMARY / RUNNER_TEMP as the runner provides them,
+    and the GitHub-only `uses:` steps simulated by copying folders:
+    - actions/cache, actions/cache/restore: copy the saved folder of that key prefix in (none: a miss);
+    - actions/cache/save: copy the folder out under its key;
+    - actions/upload-artifact / download-artifact: copy between the job and the run's artifact folder.
+    `keep_env` overrides what a step writes to GITHUB_ENV (e.g. FARM_CACHE pointed at the shared heavy caches)."""
+
+    def __init__(self, root: Path, job: dict, matrix: dict, artifacts: Path, saved: Path, keep_env: dict):
+        self.dir, self.job, self.matrix = root, job, matrix
+        self.artifacts, self.saved, self.keep_env = artifacts, saved, keep_env
+        self.temp = root / "runner-temp"
+        self.temp.mkdir(parents=True)
+        (root / "scripts").symlink_to(PROJECT / "scripts")
+        self.files = {k: root / f"github-{k}" for k in ("env", "output", "summary")}
+        for f in self.files.values():
+            f.touch()
+        self.env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+                    "RUNNER_TEMP": str(self.temp), "GITHUB_ENV": str(self.files["env"]),
+                    "GITHUB_OUTPUT": str(self.files["output"]), "GITHUB_STEP_SUMMARY": str(self.files["summary"])}
+        self.env.update({k: self.expand(v) for k, v in job.get("env", {}).items()})
+        self.ran: list[str] = []
+
+    def expand(self, text: str) -> str:
+        for name, value in self.matrix.items():
+            text = text.replace(f"${{{{ matrix.{name} }}}}", value)
+        text = re.sub(r"\$\{\{ vars\.\w+ \}\}", "", text)   # no repository variables here
+        return (text.replace("${{ runner.temp }}", str(self.temp)).replace("${{ github.run_id }}", "1")
+                .replace("${{ github.run_attempt }}", "1"))
+
+    def run(self, after: str = "Install the farm") -> None:
+        steps = self.job["steps"]
+        start = next(i for i, s in enumerate(steps) if s.get("name") == after) + 1
+        for step in steps[start:]:
+            if "uses" in step:
+                self.uses(step["uses"].split("@")[0], {k: self.expand(str(v)) for k, v in step.get("with", {}).items()})
+                continue
+            res = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=self.dir, capture_output=True, text=True,
+                                 env={**self.env, **{k: self.expand(v) for k, v in step.get("env", {}).items()}},
+                                 timeout=step.get("timeout-minutes", 60) * 60)
+            assert res.returncode == 0, f"{step.get('name')}: {res.stdout[-3000:]}{res.stderr[-3000:]}"
+            self.ran.append(step["name"])
+            for line in self.files["env"].read_text().splitlines():
+                key, _, value = line.partition("=")
+                self.env[key] = self.keep_env.get(key, value)
+
+    def uses(self, action: str, given: dict) -> None:
+        if action in ("actions/cache", "actions/cache/restore"):
+            prefixes = [given["key"]] + given.get("restore-keys", "").split()
+            hit = next((d for p in prefixes for d in sorted(self.saved.glob("*"), reverse=True)
+                        if d.name.startswith(p)), None)
+            if hit and not Path(given["path"]).exists():
+                shutil.copytree(hit, given["path"])
+        elif action == "actions/cache/save":
+            if Path(given["path"]).is_dir():
+                shutil.copytree(given["path"], self.saved / given["key"])
+        elif action == "actions/upload-artifact":   # hard links: the image archive is 600 MB
+            if Path(self.dir, given["path"]).is_dir():
+                shutil.copytree(Path(self.dir, given["path"]), self.artifacts / given["name"], copy_function=os.link)
+        elif action == "actions/download-artifact":
+            shutil.copytree(self.artifacts / given["name"], given["path"], copy_function=os.link)
+        else:
+            raise AssertionError(f"no simulation for {action}")
+        self.ran.append(action)
+
+
 @pytest.mark.slow
-def test_every_job_run_locally_fills_staging_folders_that_merge_into_one_index(tmp_path):
-    """Each build job's steps after the install (farm build, then farm publish) run as the runner would,
-    in its own folder, as a fresh host with no wheelhouse; the index job's merge step runs over the
-    artifacts laid out as download-artifact does (staging/staging-<cell>/)."""
-    env = {"FARM_WHEELHOUSE": str(tmp_path / "no-house")}   # a CI runner starts with nothing
+@pytest.mark.container
+def test_one_x86_row_job_run_locally_builds_both_siblings_into_staging_from_an_empty_compiler_cache(tmp_path):
+    """The generated workflow for farm_demo cu130 / torch 2.13 / py3.11 + py3.12: the plan job, the x86 images
+    job and the row job, each played by LocalRunner (see there what is simulated). The torch environments,
+    toolkit and builder image come from this machine's farm cache (FARM_CACHE kept on it: downloading them
+    is not what this checks), the compiler cache starts empty in the job's temp folder (FARM_CCACHE_DIR).
+    The builder image is saved by the images job and loaded by the row job; the engine already has it here,
+    so the load finds it present (the archive round trip itself: test_the_builder_image_survives_save_and_load)."""
+    shared = {"FARM_CACHE": os.environ.get("FARM_CACHE") or str(Path.home() / ".cache" / "farm")}
     wf = generate(tmp_path, *DEMO)["farm-build.yml"]
-    outputs = plan_outputs(wf, tmp_path / "no-house", env=env)
-    farm_bin = str(Path(sys.executable).parent)
-    index_dir = tmp_path / "index"
-    cells = []
-    for job in build_jobs(wf).values():
-        for cell in json.loads(outputs[matrix_source(job)]):
-            cells.append(cell)
-            job_dir = tmp_path / "jobs" / cell
-            job_dir.mkdir(parents=True)
-            steps = job["steps"]
-            install = next(i for i, s in enumerate(steps) if s.get("name") == "Install the farm")
-            for step in steps[install + 1:]:
-                if "run" not in step:
-                    continue
-                res = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=job_dir, capture_output=True, text=True,
-                                     env={**os.environ, **env, **job["env"], "CELL": cell,
-                                          "PATH": farm_bin + os.pathsep + os.environ["PATH"]}, timeout=3600)
-                assert res.returncode == 0, f"{step.get('name')}: {res.stdout[-2000:]}{res.stderr[-2000:]}"
-            shutil.copytree(job_dir / "staging" / cell, index_dir / "staging" / f"staging-{cell}")
-    assert sorted(cells) == sorted(f"farm_demo-cu130-torch2.13-py3{m}" for m in (11, 12))
-    merge = next(s for s in wf["jobs"]["index"]["steps"] if s.get("name") == "farm index merge")
-    (index_dir / "wheelhouse").mkdir()
-    res = subprocess.run(["bash", "-e", "-c", merge["run"]], cwd=index_dir, capture_output=True, text=True,
-                         env={**os.environ, "PATH": farm_bin + os.pathsep + os.environ["PATH"]})
-    assert res.returncode == 0, res.stderr
-    house = index_dir / "wheelhouse"
-    entries = [json.loads(line) for line in (house / "manifest.jsonl").read_text().splitlines()]
-    assert sorted(e["cell"] for e in entries) == sorted(cells)
-    assert all(e["build_key"] and e["arch_list"] for e in entries)
-    page = (house / "cu130" / "torch2.13" / "farm-demo" / "index.html").read_text()
+    outputs = plan_outputs(wf, tmp_path / "no-house", env={"FARM_WHEELHOUSE": str(tmp_path / "no-house")})
+    (job,) = build_jobs(wf).values()
+    assert json.loads(outputs[matrix_source(job)]) == [ROW]
+    artifacts, saved = tmp_path / "artifacts", tmp_path / "actions-cache"
+    artifacts.mkdir(), saved.mkdir()
+    images = LocalRunner(tmp_path / "images-job", wf["jobs"]["images_x86_64"], {}, artifacts, saved, shared)
+    images.run()
+    assert (artifacts / "builder-x86_64" / "farm-builder-x86_64.tar").stat().st_size > 100_000_000
+    rowjob = LocalRunner(tmp_path / "row-job", job, {"row": ROW}, artifacts, saved, shared)
+    rowjob.run()
+    assert rowjob.ran[-2:] == ["actions/cache/save", "actions/upload-artifact"]
+    assert "Load the builder image (x86_64)" in rowjob.ran
+    # both siblings in the staging artifact, with a sound index
+    staged = artifacts / f"staging-{ROW}"
+    entries = [json.loads(line) for line in (staged / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(e["cell"] for e in entries) == [f"{ROW}-py311", f"{ROW}-py312"]
+    assert run_farm("index", "verify", "--wheelhouse", str(staged)).returncode == 0
+    page = (staged / "cu130" / "torch2.13" / "farm-demo" / "index.html").read_text()
     assert "cp311-cp311" in page and "cp312-cp312" in page
-    assert run_farm("index", "verify", "--wheelhouse", str(house)).returncode == 0
-    # the plan job of the next run sees both cells as built (the --missing rule on the merged manifest)
-    again = plan_outputs(wf, house, env=env)
+    # the first sibling filled the cache (it started empty), the second compiled warm from it
+    records = {c: json.loads((rowjob.dir / "build" / c / "steps.json").read_text()) for c in (f"{ROW}-py311", f"{ROW}-py312")}
+    first, second = (records[c]["compile"]["compiler_cache"]["stats"] for c in sorted(records))
+    assert first["hits"] == 0 and first["misses"] > 0
+    assert second["hits"] > 0
+    kept = saved / f"ccache-{ROW}-1-1" / "cu130-torch2.13"        # what the next run of this row restores
+    assert sum(1 for f in kept.rglob("*") if f.is_file()) >= first["misses"]
+    summary = rowjob.files["summary"].read_text()
+    assert f"row {ROW}: 2 built" in summary
+    # the index job merges the artifact; the next run's plan job then finds the row complete
+    index_dir = tmp_path / "index-job"
+    (index_dir / "staging").mkdir(parents=True)
+    shutil.copytree(staged, index_dir / "staging" / f"staging-{ROW}")
+    (index_dir / "wheelhouse").mkdir()
+    merge = next(s for s in wf["jobs"]["index"]["steps"] if s.get("name") == "farm index merge")
+    res = subprocess.run(["bash", "-e", "-c", merge["run"]], cwd=index_dir, capture_output=True, text=True,
+                         env={**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]})
+    assert res.returncode == 0, res.stderr
+    again = plan_outputs(wf, index_dir / "wheelhouse", env={"FARM_CACHE": str(tmp_path / "fresh-runner-cache")})
     assert all(json.loads(v) == [] for v in again.values())
-    # and so does a fresh runner that has never built or loaded an image (an empty farm cache)
-    fresh = plan_outputs(wf, house, env={**env, "FARM_CACHE": str(tmp_path / "fresh-runner-cache")})
-    assert all(json.loads(v) == [] for v in fresh.values())
-    assert not (tmp_path / "fresh-runner-cache" / "images").exists()
+    assert not (tmp_path / "fresh-runner-cache" / "images").exists()   # keyed without any image
+
+
+ROW = "farm_demo-cu130-torch2.13"
+
+
+@pytest.mark.slow
+def test_a_failing_sibling_does_not_lose_the_others_and_a_short_budget_defers_the_rest(tmp_path):
+    """`farm ci row` on the host runner with a farm_demo whose setup.py fails on Python 3.11, the row's first
+    sibling (one arch, to keep the one real compile short): the job goes on to 3.12, publishes it into
+    staging, reports which sibling failed and exits 1. With a budget the first sibling already used up,
+    the second is deferred to the next run instead of started."""
+    source = tmp_path / "farm-demo"
+    shutil.copytree(PROJECT / "examples" / "farm-demo", source)
+    setup = source / "setup.py"
+    setup.write_text("import sys\nif sys.version_info[:2] == (3, 11):\n"
+                     "    raise SystemExit('farm test: this sibling fails on purpose')\n" + setup.read_text())
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    recipe = (PROJECT / "recipes" / "farm_demo.yml").read_text().replace("../examples/farm-demo", str(source))
+    (recipes / "farm_demo.yml").write_text(recipe + 'arch_list: "8.0"\n')
+    env = {"FARM_RECIPES": str(recipes), "FARM_CCACHE_DIR": str(tmp_path / "ccache")}
+    row = ("ci", "row", ROW, "--runner", "host", "--python", "3.11", "--python", "3.12")
+
+    short = run_farm(*row, "--staging", str(tmp_path / "s1"), "--out", str(tmp_path / "b1"),
+                     "--budget-minutes", "0.01", env=env)
+    assert short.returncode == 1, short.stdout + short.stderr
+    report = json.loads((tmp_path / "b1" / "row-report.json").read_text())
+    assert [(s["cell"], s["status"]) for s in report["siblings"]] == [(f"{ROW}-py311", "failed"),
+                                                                      (f"{ROW}-py312", "deferred")]
+    assert "left for the next run" in short.stdout and f"row {ROW}: 1 failed, 1 deferred" in short.stdout
+    assert not (tmp_path / "s1" / "manifest.jsonl").exists()
+
+    summary = tmp_path / "summary.md"
+    full = run_farm(*row, "--staging", str(tmp_path / "s2"), "--out", str(tmp_path / "b2"),
+                    "--summary", str(summary), env=env)
+    assert full.returncode == 1, full.stdout + full.stderr
+    report = json.loads((tmp_path / "b2" / "row-report.json").read_text())
+    status = {s["cell"]: s for s in report["siblings"]}
+    assert status[f"{ROW}-py311"]["status"] == "failed" and status[f"{ROW}-py312"]["status"] == "built"
+    assert f"failed: {ROW}-py311" in full.stdout
+    entries = [json.loads(line) for line in (tmp_path / "s2" / "manifest.jsonl").read_text().splitlines()]
+    assert [e["cell"] for e in entries] == [f"{ROW}-py312"]
+    assert run_farm("index", "verify", "--wheelhouse", str(tmp_path / "s2")).returncode == 0
+    text = summary.read_text()
+    assert f"| {ROW}-py311 | failed |" in text and f"| {ROW}-py312 | built |" in text
+
+
+def test_row_command_refuses_bad_input_in_one_line(tmp_path):
+    res = run_farm("ci", "row", "farm_demo-cu130-torch2.1", "--staging", str(tmp_path / "s"))
+    assert_one_line_refusal(res, 2, "did you mean 'farm_demo-cu130-torch2.13'")
+    res = run_farm("ci", "row", ROW, "--python", "3.11")
+    assert_one_line_refusal(res, 2, "--staging")
+    (tmp_path / "file").write_text("")
+    res = run_farm("ci", "row", ROW, "--python", "3.11", "--staging", str(tmp_path / "file" / "s"))
+    assert_one_line_refusal(res, 2, "is a file")
+    res = run_farm("ci", "image", "load", "--arch", "x86_64", "--dir", str(tmp_path))
+    assert_one_line_refusal(res, 2, "holds no farm-builder-x86_64.tar")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]   # nothing written
+    pythons = run_farm("ci", "row", ROW, "--pythons", "--python", "3.12", "--python", "3.11")
+    assert pythons.returncode == 0 and pythons.stdout.split() == ["3.11", "3.12"]

@@ -157,3 +157,27 @@ def test_timeout_kills_the_container_and_reports_124(engine, image):
     assert res.timed_out and res.exit_code == 124
     assert time.monotonic() - t0 < 60
     assert engine.inspect(res.container_id, kind="container") is None
+
+
+def test_an_image_survives_save_and_load_with_its_id_and_tag(engine, tmp_path):
+    """What CI's images job hands the row jobs (`podman save` -> artifact -> `podman load`), on a tiny image of
+    this test's own (the builder image is shared with other builds here and is never removed)."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "farm-handoff").write_text(f"{os.getpid()}\n")
+    tarball = tmp_path / "root.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
+    ref = f"localhost/farm-test-handoff:{os.getpid()}"
+    image_id = engine.import_tarball(tarball, ref, images.host_arch())
+    try:
+        archive = tmp_path / "handoff.tar"
+        engine.save(ref, archive)
+        assert archive.stat().st_size > 0
+        subprocess.run([engine.exe, "rmi", "-f", ref], capture_output=True, check=True)
+        assert engine.image_id(ref) is None
+        engine.load(archive)
+        assert engine.image_id(ref) == image_id          # the same image, under the same tag
+        engine.tag(ref, ref + "-again")
+        assert engine.image_id(ref + "-again") == image_id
+    finally:
+        subprocess.run([engine.exe, "rmi", "-f", ref, ref + "-again"], capture_output=True)

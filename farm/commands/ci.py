@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.set_defaults(func=outputs_command)
 
     p = verbs.add_parser("row", help="(in a row job) build a row's Python siblings in sequence into a staging folder")
+    add_filters(p)   # the workflow's selection: its row jobs build only the Pythons it selected
     p.add_argument("row", metavar="ROW_ID", help="e.g. farm_demo-cu130-torch2.13 (a cell id without its Python)")
     p.add_argument("--staging", type=Path, help="the staging wheelhouse each built sibling is published into")
     p.add_argument("--wheelhouse", type=Path, help="the house that says what is built (default: nothing is)")
@@ -101,7 +102,8 @@ def outputs_command(args) -> int:
 def row_command(args) -> int:
     from farm.run.cirow import build_row, find_row
 
-    row, plan = find_row(args.row)
+    plan, cells, _ = selected(args)
+    row = find_row(args.row, plan, cells)
     if args.pythons:
         print(" ".join(c.python for c in row.cells))
         return 0

@@ -61,22 +61,20 @@ class RowReport:
         return "\n".join(lines) + "\n"
 
 
-def find_row(row_id: str, plan=None) -> tuple[Row, object]:
-    """(the row, the plan) of `row_id`; one line with a did-you-mean when the plan has no such row."""
-    from farm.recipes.plan import full_plan
-
-    plan = plan or full_plan()
-    keep, left = ci_cells(plan, list(plan.cells))
+def find_row(row_id: str, plan, cells) -> Row:
+    """The row `row_id` of the selected `cells` (a row job builds the siblings its workflow selected: the
+    same filters); one line with a did-you-mean when the selection has no such row."""
+    keep, left = ci_cells(plan, list(cells))
     rows = {r.id: r for r in rows_of(keep)}
     if row_id in rows:
-        return rows[row_id], plan
-    if any(row_id == r.id for r in rows_of([c for c in plan.cells if c.recipe_name in left])):
+        return rows[row_id]
+    if any(row_id == r.id for r in rows_of([c for c in cells if c.recipe_name in left])):
         raise BadInput("farm ci row", "ROW_ID", row_id, "its recipe needs a patch nobody wrote (needs_patch)")
     import difflib
 
     close = difflib.get_close_matches(row_id, list(rows), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise BadInput("farm ci row", "ROW_ID", row_id, f"no such row in the plan{hint}")
+    raise BadInput("farm ci row", "ROW_ID", row_id, f"no such row in the selected cells{hint}")
 
 
 def build_row(row: Row, plan, *, staging: Path, wheelhouse: Path | None, out: Path, runner_kind: str | None = None,

@@ -97,14 +97,14 @@ def _filter_args(filters, shard) -> list[str]:
     return args
 
 
-def _pythons_step() -> dict:
+def _pythons_step(selection: str) -> dict:
     """The row's Pythons where the builder image's probe looks for host Pythons (PYENV_ROOT/versions/3.X.Y,
     farm/runners/images.py): python-build-standalone builds from uv, which need only glibc 2.17 and so run
     inside the image. A Python already there (a self-hosted runner, this machine) is kept."""
     return {"name": "The row's Pythons, where the builder image can mount them",
             "run": ("PYENV_ROOT=\"${PYENV_ROOT:-$HOME/.pyenv}\"\n"
                     "echo \"PYENV_ROOT=$PYENV_ROOT\" >> \"$GITHUB_ENV\"\n"
-                    "for v in $(farm ci row \"$ROW\" --pythons); do\n"
+                    f"for v in $(farm ci row \"$ROW\" --pythons{selection}); do\n"
                     "  if ls -d \"$PYENV_ROOT/versions/$v\".* >/dev/null 2>&1; then continue; fi\n"
                     "  command -v uv >/dev/null || python -m pip install --quiet uv\n"
                     "  uv python install \"$v\" --install-dir \"$RUNNER_TEMP/pythons\"\n"
@@ -152,13 +152,15 @@ def images_job(arch: str) -> dict:
     }
 
 
-def row_job(ch: Chunk, plan_id: str, registry: str | None) -> dict:
+def row_job(ch: Chunk, plan_id: str, registry: str | None, selection: str) -> dict:
+    """One matrix job per row; `selection`: the workflow's filters (" --python 3.12 ..."), so that the row
+    job builds the siblings its plan job counted."""
     output = f"needs.{plan_id}.outputs.{ch.name}"
     lane = ch.base_lane
     linux = lane in IMAGE_ARCH
     steps = _setup_steps() + [_folders_step()]
     if linux:
-        steps += [_engine_step(), _pythons_step()]
+        steps += [_engine_step(), _pythons_step(selection)]
     else:
         steps += windows_lane_steps(ch.cuda)
     steps.append(_fetch_manifest_step())
@@ -172,15 +174,15 @@ def row_job(ch: Chunk, plan_id: str, registry: str | None) -> dict:
         steps += _image_steps(IMAGE_ARCH[lane], registry)
     budget = max(ch.timeout_minutes - SETUP_MIN - AFTER_ROW_MIN, 1)
     row = (f"farm ci row \"$ROW\" --staging \"staging/$ROW\" --wheelhouse wheelhouse --out build "
-           f"--budget-minutes {budget} --summary \"$GITHUB_STEP_SUMMARY\"")
+           f"--budget-minutes {budget} --summary \"$GITHUB_STEP_SUMMARY\"{selection}")
     steps.append({"name": "farm ci row: the siblings in sequence, each published into staging/<row>",
                   "timeout-minutes": max(ch.timeout_minutes - AFTER_ROW_MIN, 1),
                   "run": AS_ROOT + "as_root " + row if linux else row})
     if linux:
         steps.append({"name": "Hand the caches and outputs back to the runner's user", "if": "${{ always() }}",
-                      "run": AS_ROOT + ("mkdir -p \"$FARM_CCACHE_DIR\" staging build\n"
+                      "run": AS_ROOT + ("mkdir -p \"$FARM_CCACHE_DIR\" \"$FARM_CACHE/toolkits\" staging build\n"
                                         "as_root chown -R \"$(id -u):$(id -g)\" \"$FARM_CCACHE_DIR\" "
-                                        "\"$FARM_CACHE\" staging build")})
+                                        "\"$FARM_CACHE/toolkits\" staging build")})
     steps += [
         {"name": "Save the row's compiler cache (also when a sibling failed)", "if": "${{ always() }}",
          "uses": "actions/cache/save@v5",
@@ -227,7 +229,7 @@ def build_workflow(chunks: list[Chunk], filters, shard=None, registry: str | Non
         }
         for ch in group:
             build_ids.append(f"build_{ch.name}")
-            jobs[f"build_{ch.name}"] = row_job(ch, plan_id, registry)
+            jobs[f"build_{ch.name}"] = row_job(ch, plan_id, registry, f" {selection}" if selection else "")
     jobs["index"] = {
         "name": "merge the staging folders into the wheelhouse",
         "needs": [j for j in jobs if j.startswith("plan_")] + build_ids,
