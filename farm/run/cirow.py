@@ -97,7 +97,7 @@ def build_row(row: Row, plan, *, staging: Path, wheelhouse: Path | None, out: Pa
         used = clock() - started
         if budget_minutes is not None and longest and used + longest > budget_minutes * 60:
             report.siblings.append(Sibling(cell.id, "deferred", why=(
-                f"{used / 60:.0f} of {budget_minutes:.0f} min used and a sibling took {longest / 60:.0f} min: "
+                f"{used / 60:.1f} of {budget_minutes:g} min used and a sibling took {longest / 60:.1f} min: "
                 "left for the next run")))
             continue
         t0 = clock()
@@ -109,7 +109,7 @@ def build_row(row: Row, plan, *, staging: Path, wheelhouse: Path | None, out: Pa
             if result.status == "built":
                 publish([result.wheel], staging, record=result.record_path)
             sibling = Sibling(cell.id, result.status, wheel=result.wheel.name)
-        except FarmError as exc:   # one sibling's failure stays in its sibling
+        except (FarmError, OSError) as exc:   # one sibling's failure (or a full disk) stays in its sibling
             sibling = Sibling(cell.id, "failed", why=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         sibling.seconds = round(clock() - t0, 1)
         longest = max(longest, sibling.seconds)
