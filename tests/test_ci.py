@@ -22,6 +22,7 @@ from farmcli import PROJECT, run_farm
 from hostile import assert_one_line_refusal
 from wheelhouse_fixtures import make_wheel
 
+from farm.recipes.cells import row_id
 from farm.recipes.plan import full_plan
 from farm.run.ci import (
     AFTER_ROW_MIN,
@@ -29,7 +30,6 @@ from farm.run.ci import (
     MAX_JOBS_PER_MATRIX,
     SELF_HOSTED_LABELS,
     SETUP_MIN,
-    row_id,
     row_minutes,
     rows_of,
 )

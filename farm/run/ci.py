@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from farm.build.ccache import group_name
-from farm.platforms import cell_suffix, lane
-from farm.recipes.cells import Cell
+from farm.platforms import lane
+from farm.recipes.cells import Cell, row_id
+from farm.run.winlane import windows_setup_steps
 from farm.versions import cuda_tag, vtuple
 
 if TYPE_CHECKING:
@@ -77,13 +78,6 @@ def _split(ids: list[str], max_jobs: int) -> list[list[str]]:
 
 
 # ---------------------------------------------------------------- rows
-
-def row_id(cell: Cell) -> str:
-    """`<name>-cu130-torch2.13[-aarch64|-win]`: the cell id without its Python part (torch-free rows have
-    no torch part, as their cells)."""
-    torch_part = f"-torch{cell.torch}" if cell.links_torch else ""
-    return f"{cell.recipe_name}-{cuda_tag(cell.cuda)}{torch_part}{cell_suffix(cell.platform)}"
-
 
 @dataclass(frozen=True)
 class Row:
@@ -225,14 +219,6 @@ def missing_outputs(plan: Plan, cells: list[Cell], group: int, layout: str, whee
 # ---------------------------------------------------------------- lane hooks
 
 def windows_lane_steps(cuda: str) -> list[dict]:
-    """The GitHub steps that prepare a Windows runner for CUDA line `cuda` (toolkit, MSVC).
-
-    The hook the Windows lane plugs into: farm/run/winlane.py's `windows_setup_steps` when it exists,
-    else none (a Windows row job then has only the farm installed, as before)."""
-    import importlib
-
-    try:
-        winlane = importlib.import_module("farm.run.winlane")
-    except ModuleNotFoundError:
-        return []
-    return list(winlane.windows_setup_steps(cuda))
+    """The GitHub steps that prepare a Windows runner for CUDA line `cuda` (toolkit, MSVC): the Windows
+    lane's own (farm/run/winlane.py). A chunk holds one CUDA line, so its job needs no per-row guard."""
+    return windows_setup_steps(cuda)
