@@ -19,13 +19,11 @@ version the build record shows (nvcc reports it).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
 from pathlib import PureWindowsPath
 
 from farm.build.windows import DEFAULT_CUDA_ROOT
 from farm.errors import BadInput
-from farm.versions import cuda_from_tag, cuda_tag, vtuple
+from farm.versions import vtuple
 
 # CUDA line -> the toolkit release whose Windows network installer the lane runs. The URLs follow
 # NVIDIA's download archive (developer.nvidia.com/cuda-toolkit-archive, "Windows / x86_64 /
@@ -122,14 +120,3 @@ def windows_setup_steps(cuda: str) -> list[dict]:
         {"name": "Find MSVC as the build will (vswhere, vcvars64.bat)", "run": _MSVC},
     ]
 
-
-def windows_job_steps(cell_ids: Iterable[str], matrix_value: str = "matrix.cell") -> list[dict]:
-    """The set-up of a Windows matrix job whose entries are these cell ids (a chunk may mix CUDA lines):
-    each line's steps, run only where the entry (`matrix_value`, an expression) is a cell of that line."""
-    lines = sorted({cuda_from_tag(m.group(1)) for i in cell_ids if (m := re.search(r"-(cu\d+)-", i))},
-                   key=vtuple)
-    steps = []
-    for line in lines:
-        for step in windows_setup_steps(line):
-            steps.append({**step, "if": f"contains({matrix_value}, '-{cuda_tag(line)}-')"})
-    return steps
