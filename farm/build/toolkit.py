@@ -75,11 +75,12 @@ def in_container() -> bool:
     return settings.IN_CONTAINER.get() == "1"
 
 
-def cuda_line(cuda: str) -> str:
+def cuda_line(cuda: str, where: str = "cell") -> str:
+    """'13.0.2' -> '13.0'; anything else is one line naming `where`."""
     try:
         major, minor = vtuple(cuda)[:2]
     except ValueError:
-        raise BadInput("cell", "cuda", cuda, "not a CUDA version like 13.0") from None
+        raise BadInput(where, "cuda", cuda, "not a CUDA version like 13.0") from None
     return f"{major}.{minor}"
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import PureWindowsPath
 
+from farm.build.toolkit import cuda_line
 from farm.build.windows import DEFAULT_CUDA_ROOT
 from farm.errors import BadInput
 from farm.versions import vtuple
@@ -51,16 +52,8 @@ def installer_url(cuda: str) -> str:
     return f"{DOWNLOAD_BASE}/{release}/network_installers/cuda_{release}_windows_network.exe"
 
 
-def _line(cuda: str) -> str:
-    try:
-        major, minor = vtuple(cuda)[:2]
-    except ValueError:
-        raise BadInput("farm ci github", "cuda", cuda, "not a CUDA line like 13.0") from None
-    return f"{major}.{minor}"
-
-
 def _release(cuda: str) -> str:
-    line = _line(cuda)
+    line = cuda_line(cuda, "farm ci github")
     if line not in INSTALLERS:
         raise BadInput("farm/run/winlane.py", "INSTALLERS", line,
                        f"no Windows installer pinned for CUDA {line} (pinned: {', '.join(INSTALLERS)})")
@@ -69,14 +62,14 @@ def _release(cuda: str) -> str:
 
 def subpackages(cuda: str) -> list[str]:
     """The installer's -s arguments for this line: `nvcc_13.0 cudart_13.0 ...`."""
-    line = _line(cuda)
+    line = cuda_line(cuda, "farm ci github")
     names = SUBPACKAGES + (SUBPACKAGES_13 if vtuple(line)[0] >= 13 else ())
     return [f"{name}_{line}" for name in names]
 
 
 def toolkit_home(cuda: str) -> str:
     """Where NVIDIA's installer puts the line: the folder find_cuda_toolkit tries last, by default."""
-    return str(PureWindowsPath(DEFAULT_CUDA_ROOT) / f"v{_line(cuda)}")
+    return str(PureWindowsPath(DEFAULT_CUDA_ROOT) / f"v{cuda_line(cuda, 'farm ci github')}")
 
 
 # PowerShell: download, run silently (-n: no reboot), fail by name when nvcc.exe is not there after.
@@ -103,7 +96,7 @@ _MSVC = ("python -c \"from farm.build.windows import find_msvc; m = find_msvc();
 
 def windows_setup_steps(cuda: str) -> list[dict]:
     """The steps a windows-2022 build job runs, after the farm is installed, for cells of CUDA line `cuda`."""
-    line = _line(cuda)
+    line = cuda_line(cuda, "farm ci github")
     home = toolkit_home(line)
     major, minor = line.split(".")
     return [
