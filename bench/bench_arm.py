@@ -41,10 +41,11 @@ def _build(cell: str, out: Path) -> dict:
 
 
 def _why_not() -> str | None:
+    from farm.platforms import host_arch
     from farm.runners import images
     from farm.runners.engine import Engine
 
-    if images.host_arch() != "x86_64":
+    if host_arch() != "x86_64":
         return "not an x86_64 host: nothing is emulated here"
     try:
         engine = Engine.detect()

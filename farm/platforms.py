@@ -7,6 +7,7 @@ platform tags. Lanes group platforms that share arch lists.
 
 from __future__ import annotations
 
+import platform as _platform
 import re
 
 PLATFORMS = ("linux", "windows", "linux_aarch64")
@@ -73,3 +74,9 @@ def origin_relative(rpath_entry: str) -> bool:
     """Whether an RPATH/RUNPATH entry points inside the installed wheel, the only kind a portable
     Linux wheel may carry: the gate checks it (farm.build.verify), the repair step enforces it."""
     return rpath_entry.startswith(("$ORIGIN", "${ORIGIN}"))
+
+
+def host_arch() -> str:
+    """This machine's CPU in the farm's spelling: x86_64 or aarch64 (Windows says AMD64, macOS arm64)."""
+    m = _platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)

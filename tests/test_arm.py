@@ -26,6 +26,7 @@ from wheel_builder import demo_extension
 
 from farm.arch.fatbin import read_fatbin
 from farm.errors import BadInput
+from farm.platforms import host_arch
 from farm.runners import emulation
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -154,7 +155,7 @@ def emulated_build(tmp_path_factory):
     from farm.runners import images
     from farm.runners.engine import Engine
 
-    if images.host_arch() == "x86_64" and images.load_image("aarch64", Engine.detect()) is None:
+    if host_arch() == "x86_64" and images.load_image("aarch64", Engine.detect()) is None:
         pytest.fail("no aarch64 builder image: run `make test-arm` (it runs setup-qemu and builds the image)")
     work = tmp_path_factory.mktemp("armbuild")
     out, house = work / "out", work / "house"

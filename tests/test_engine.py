@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from farm.errors import EngineUnavailable
+from farm.platforms import host_arch
 from farm.runners import images
 from farm.runners.engine import Engine, Limits, Mount, ensure_engine
 
@@ -31,7 +32,7 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="module")
 def image(engine) -> str:
-    return images.ensure_builder(images.host_arch(), engine, quiet=True).ref
+    return images.ensure_builder(host_arch(), engine, quiet=True).ref
 
 
 def test_setup_engine_script_is_idempotent():
@@ -168,7 +169,7 @@ def test_an_image_survives_save_and_load_with_its_id_and_tag(engine, tmp_path):
     tarball = tmp_path / "root.tar"
     subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
     ref = f"localhost/farm-test-handoff:{os.getpid()}"
-    image_id = engine.import_tarball(tarball, ref, images.host_arch())
+    image_id = engine.import_tarball(tarball, ref, host_arch())
     try:
         archive = tmp_path / "handoff.tar"
         engine.save(ref, archive)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from farm.errors import BadInput
+from farm.platforms import host_arch
 from farm.runners import images
 from farm.runners.engine import Engine, Mount, ensure_engine
 
@@ -33,7 +34,7 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="module")
 def image(engine) -> images.Image:
-    return images.ensure_builder(images.host_arch(), engine, quiet=True)
+    return images.ensure_builder(host_arch(), engine, quiet=True)
 
 
 # ----- no engine needed ---------------------------------------------------------------
@@ -101,10 +102,10 @@ def test_builder_image_is_cached_and_not_rebuilt(engine, image, monkeypatch):
 
     monkeypatch.setattr(Engine, "build", no_build)
     monkeypatch.setattr(images, "_debootstrap", no_build)
-    again = images.ensure_builder(images.host_arch(), engine, quiet=True)
+    again = images.ensure_builder(host_arch(), engine, quiet=True)
     assert again.id == image.id and again.ref == image.ref
-    assert images.load_image(images.host_arch(), engine) == image
-    assert images.base_tarball(images.host_arch()).exists()
+    assert images.load_image(host_arch(), engine) == image
+    assert images.base_tarball(host_arch()).exists()
 
 
 @pytest.mark.slow

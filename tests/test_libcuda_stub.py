@@ -22,6 +22,7 @@ from farm.build import provision as P
 from farm.build import repair
 from farm.build import toolkit as T
 from farm.build.verify.importcheck import libcuda_stub_dir
+from farm.platforms import host_arch
 from farm.run import cachebudget
 
 
@@ -94,7 +95,7 @@ def test_driver_api_names_follow_the_headers_defines(tmp_path):
 def fake_complete_toolkit(root: Path, header: Path) -> Path:
     """A complete, read-only toolkit cache entry (the layout's parts the stub needs) built as the
     farm builds one, without a stub: what a cache made before the stub existed holds."""
-    home = P.toolkit_dir("13.0", T.host_arch(), (), root)
+    home = P.toolkit_dir("13.0", host_arch(), (), root)
 
     def build(entry: Path) -> dict:
         (entry / "include").mkdir()
@@ -135,7 +136,7 @@ def test_a_cached_toolkit_gets_its_stub_once_under_its_lock_while_builds_use_it(
     maker = hold(S.stub_lock(home), "exclusive", 1.5)
     try:
         t0 = time.monotonic()
-        stub = S.stub_cached_toolkit(home, T.host_arch())
+        stub = S.stub_cached_toolkit(home, host_arch())
         waited = time.monotonic() - t0
     finally:
         for p in (user, maker):
@@ -148,14 +149,14 @@ def test_a_cached_toolkit_gets_its_stub_once_under_its_lock_while_builds_use_it(
     assert (home / "lib").stat().st_mode & 0o222 == 0 and stub.parent.stat().st_mode & 0o222 == 0
     # Once: a second call keeps the same file.
     inode = stub.stat().st_ino
-    assert S.stub_cached_toolkit(home, T.host_arch()) == stub and stub.stat().st_ino == inode
+    assert S.stub_cached_toolkit(home, host_arch()) == stub and stub.stat().st_ino == inode
 
 
 def test_two_processes_adding_the_stub_at_once_leave_one_whole_stub(tmp_path):
     header = tmp_path / "cuda.h"
     header.write_text("".join(f"CUresult CUDAAPI cuFn{i}(void);\n" for i in range(3000)))
     home = fake_complete_toolkit(tmp_path / "cache", header)
-    code = "import sys; from farm.build import toolkit as T; from farm.build import libcudastub as S; S.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), T.host_arch())"
+    code = "import sys; from farm.platforms import host_arch; from farm.build import libcudastub as S; S.stub_cached_toolkit(__import__('pathlib').Path(sys.argv[1]), host_arch())"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(home)], stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     for p in procs:
@@ -170,7 +171,7 @@ def test_verify_needs_driver_finds_the_toolkits_stub_first(tmp_path, monkeypatch
     header.write_text("CUresult CUDAAPI cuInit(unsigned int);\n")
     monkeypatch.setenv("FARM_CACHE", str(tmp_path / "cache"))
     home = fake_complete_toolkit(tmp_path / "cache", header)
-    S.stub_cached_toolkit(home, T.host_arch())
+    S.stub_cached_toolkit(home, host_arch())
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     if S.find_libcuda_stub([Path("/usr/local/cuda")]) is not None:

@@ -23,6 +23,7 @@ from farm import __version__, settings
 from farm.build import progress
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
+from farm.platforms import host_arch
 from farm.recipes.buildkey import KeyMaker, context_for
 from farm.recipes.cells import Cell
 from farm.recipes.model import Recipe
@@ -337,7 +338,7 @@ def _build_locked(job: BuildJob) -> BuildResult:
 
 
 def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
-    _run_phase(job, setup, "source", HostRunner(arch=images.host_arch()), str(setup.host_spec), network=True)
+    _run_phase(job, setup, "source", HostRunner(arch=host_arch()), str(setup.host_spec), network=True)
     with progress.step("downloads"):
         _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
         _stage_farm_wheels(job.cell, job.farm_wheels, job.house, job.staged, job.log_path)

@@ -12,8 +12,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from farm.build.toolkit import arch_of, host_arch
+from farm.build.toolkit import arch_of
 from farm.errors import ToolkitUnavailable
+from farm.platforms import host_arch
 from farm.process import last_line, run
 from farm.run import cachebudget
 

@@ -27,11 +27,11 @@ from farm.build.toolkit import (
     arch_of,
     cuda_line,
     find_system_toolkit,
-    host_arch,
     inspect_toolkit,
     normalise_components,
 )
 from farm.errors import BadInput, ToolkitUnavailable
+from farm.platforms import host_arch
 from farm.run import cachebudget
 from farm.settings import cache_dir
 from farm.versions import vtuple

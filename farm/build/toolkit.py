@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform as _pyplatform
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
@@ -34,6 +33,7 @@ from typing import Protocol
 from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
 from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
+from farm.platforms import host_arch
 from farm.process import run
 from farm.versions import vtuple
 
@@ -64,10 +64,6 @@ def arch_of(platform_or_arch: str) -> str:
     if p in ("linux_aarch64", "aarch64", "arm64", "sbsa"):
         return "aarch64"
     raise FarmError(f"no Linux CUDA toolkit for platform {p!r}")
-
-
-def host_arch() -> str:
-    return arch_of(_pyplatform.machine().lower())
 
 
 def in_container() -> bool:

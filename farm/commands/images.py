@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from farm.platforms import host_arch
 from farm.runners import images
 from farm.runners.engine import Engine
 
@@ -43,7 +44,7 @@ def register(sub) -> None:
 
 def base_command(args) -> int:
     with _shown():
-        ref = images.ensure_base(args.arch or images.host_arch())
+        ref = images.ensure_base(args.arch or host_arch())
     print(ref)
     return 0
 
@@ -68,7 +69,7 @@ def build_command(args) -> int:
         from farm.policy import load_defaults
 
         check_cuda(args.cuda, load_defaults())
-    arch = args.arch or images.host_arch()
+    arch = args.arch or host_arch()
     if args.dry_run:
         print(images.render_production(arch, cuda=args.cuda or "13.0"))
         return 0

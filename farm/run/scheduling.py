@@ -91,7 +91,7 @@ class Scheduler:
         self.led: set[str] = set()        # sibling groups whose first cell has ended
         self.interrupted = 0
         self._last_sample = 0.0
-        from farm.runners.images import host_arch
+        from farm.platforms import host_arch
 
         self.host_arch = host_arch()
 

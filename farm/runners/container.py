@@ -24,6 +24,7 @@ from filelock import FileLock
 from farm import settings
 from farm.build import progress
 from farm.errors import RunnerError
+from farm.platforms import host_arch
 from farm.process import last_line, run
 from farm.runners import images
 from farm.runners.base import (
@@ -65,7 +66,7 @@ class ContainerRunner:
                  limits: Limits | None = None, build_image: bool = True, entrypoint: str = ENTRYPOINT_MODULE):
         self.entrypoint = entrypoint
         self.engine = engine or Engine.detect()
-        self.arch = images.check_arch(arch or images.host_arch())
+        self.arch = images.check_arch(arch or host_arch())
         if image is None:
             image = images.load_image(self.arch, self.engine)
             if image is None:
@@ -179,7 +180,7 @@ class ContainerRunner:
         all_mounts = [*mounts, Mount(tools, TOOLS_TARGET, read_only=True)]
         if not any(m.target == PROJECT_TARGET for m in all_mounts):
             all_mounts.append(Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True))
-        if self.arch != images.host_arch():
+        if self.arch != host_arch():
             # qemu-user shows the guest the host's x86 CPU files; torch segfaults parsing them.
             from farm.runners.emulation import fake_arm_cpu
 
@@ -198,4 +199,4 @@ class ContainerRunner:
         return {"runner": self.kind, **self.engine.describe(), **self.image.describe(),
                 "limits": {"memory": self.limits.memory, "cpus": self.limits.cpus},
                 "network_when_off": self.network_isolation,
-                "emulated": self.arch != images.host_arch()}
+                "emulated": self.arch != host_arch()}

@@ -41,7 +41,7 @@ def is_emulated(platform: str, host_arch: str | None = None) -> bool:
     if platform == "windows":
         return False
     if host_arch is None:
-        from farm.runners.images import host_arch as _host_arch
+        from farm.platforms import host_arch as _host_arch
 
         host_arch = _host_arch()
     return cell_arch(platform) != host_arch

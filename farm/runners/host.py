@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from farm.errors import BadInput
+from farm.platforms import host_arch
 from farm.process import run, signal_group
 from farm.runners import images
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
@@ -50,10 +51,10 @@ class HostRunner:
 
     def __init__(self, arch: str | None = None, entrypoint: str = ENTRYPOINT_MODULE):
         self.entrypoint = entrypoint
-        want = images.check_arch(arch or images.host_arch())
-        if want != images.host_arch():
+        want = images.check_arch(arch or host_arch())
+        if want != host_arch():
             raise BadInput("farm build", "--runner", "host",
-                           f"this host is {images.host_arch()}; {want} cells need the container runner")
+                           f"this host is {host_arch()}; {want} cells need the container runner")
         self.arch = want
         self.network_isolation = "namespace" if _can_unshare_net() else "open"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform as _platform
 import re
 import shutil
 import subprocess
@@ -30,7 +29,7 @@ from filelock import FileLock
 from farm import settings
 from farm.build import progress
 from farm.errors import BadInput, EngineError, ImageError
-from farm.platforms import plat_glibc
+from farm.platforms import host_arch, plat_glibc
 from farm.process import last_line, run
 from farm.runners.engine import Engine, Mount
 from farm.settings import PROJECT_ROOT, cache_dir
@@ -76,11 +75,6 @@ extern "C" double farm_probe(int n) {
 
 def images_dir() -> Path:
     return cache_dir() / "images"
-
-
-def host_arch() -> str:
-    m = _platform.machine().lower()   # Windows says AMD64
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
 def check_arch(arch: str) -> str:
