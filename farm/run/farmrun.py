@@ -91,7 +91,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     reporter = _Reporter(run_id, sel, options, cells_all, t0)
     display.start(len(sel.todo), len(sel.skipped))
 
-    def events(kind: str, cell: CellRun | None) -> None:
+    def events(kind: str, cell: CellRun | None, sched: Scheduler) -> None:
         display.event(kind, cell, sched)
         if kind in ("finish", "oom-retry"):
             reporter.write(throttle=True)

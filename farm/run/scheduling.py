@@ -78,7 +78,7 @@ class _Job:
 
 class Scheduler:
     def __init__(self, sel: Selection, budget_gb: float, jobs: int, state_dir: Path, build_dir: Path,
-                 events: Callable[[str, CellRun | None], None], *, compiler_cache: bool = True, arm_jobs: int = 1):
+                 events: Callable[[str, CellRun | None, Scheduler], None], *, compiler_cache: bool = True, arm_jobs: int = 1):
         self.sel, self.budget_gb, self.jobs = sel, budget_gb, jobs
         self.state_dir, self.build_dir, self.events = state_dir, build_dir, events
         self.compiler_cache, self.arm_jobs = compiler_cache, arm_jobs
@@ -99,7 +99,7 @@ class Scheduler:
     def on_signal(self, signum, frame) -> None:
         self.interrupted += 1
         if self.interrupted == 1:
-            self.events("interrupt", None)
+            self.events("interrupt", None, self)
 
     @property
     def reserved_gb(self) -> float:
@@ -113,7 +113,7 @@ class Scheduler:
             self._reap()
             self._admit()
             self._sample()
-            self.events("tick", None)
+            self.events("tick", None, self)
             self._pause(0.2)
         for cell in self.pending:   # only an interrupt leaves cells pending
             cell.status = "not-started"
@@ -148,7 +148,7 @@ class Scheduler:
                 failed = [d for d in cell.deps if d in self.cells and self.cells[d].status not in
                           ("built", "up-to-date", "skipped", "pending", "running")]
                 cell.message = f"not built: it needs {', '.join(failed)}, which did not build"
-                self.events("finish", cell)
+                self.events("finish", cell, self)
                 continue
             if deps == "wait" or (cell.siblings in self.leading and self.compiler_cache):
                 continue
@@ -195,7 +195,7 @@ class Scheduler:
         except (AttributeError, OSError):   # not Linux >= 5.3: the loop polls every 0.2 s
             exit_fd = None
         self.running[cell.id] = _Job(cell, proc, jobs * cell.peak_gb, result, out, emulated, exit_fd)
-        self.events("start", cell)
+        self.events("start", cell, self)
 
     # -- completion
     def _reap(self) -> None:
@@ -230,13 +230,13 @@ class Scheduler:
                 cell.compiler_cache = _cache_summary(record.get("compiler_cache"))
             if cell.expected_fail:
                 cell.message = f"built although expected to fail ({cell.expected_fail}): drop its expected_fail?"
-            self.events("finish", cell)
+            self.events("finish", cell, self)
             return
         cell.excerpt = failure_excerpt(out_dir, job.out_path)
         if self.interrupted or code in (130, -signal.SIGINT):
             cell.status = "interrupted"
             cell.message = "stopped by an interrupt of the run; the next run builds it again"
-            self.events("finish", cell)
+            self.events("finish", cell, self)
             return
         message = result.get("message") or _last_farm_line(job.out_path) or f"exit {code}"
         first = next((ln.strip() for ln in (cell.excerpt or "").splitlines() if "error:" in ln), None)
@@ -246,13 +246,13 @@ class Scheduler:
             cell.oom_retry = True
             cell.status = "pending"
             self.pending.insert(0, cell)
-            self.events("oom-retry", cell)
+            self.events("oom-retry", cell, self)
             return
         elif cell.expected_fail:
             cell.status = "expected-fail"
         else:
             cell.status = "oom" if oom else "failed"
-        self.events("finish", cell)
+        self.events("finish", cell, self)
 
     # -- memory sampling (host runner: the child's whole process tree)
     def _sample(self) -> None:
