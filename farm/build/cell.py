@@ -113,7 +113,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         # ccache wraps nvcc through PYTORCH_NVCC, a route only Linux builds have exercised: off on Windows,
         # and the build record says so.
         compiler_cache = False
-    runner, described, target, plat, context = _runner_for(cell, runner_kind, plat)
+    runner, described, target, plat, context = _runner_for(cell, runner_kind, plat, recipe)
     key = keys.key(cell, context)
 
     def up_to_date(why: str) -> BuildResult | None:
@@ -163,9 +163,10 @@ def build_dir(cell_id: str, out: Path | None = None) -> Path:
     return Path(out or settings.PROJECT_ROOT / "build" / cell_id).resolve()   # steps run in the work dir
 
 
-def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
+def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None, recipe: Recipe | None = None):
     """(runner, its description, the target, --plat as the image can give it, the build key's context)
-    for the cell's lane; refused before any work when the image cannot give `plat` or is stale."""
+    for the cell's lane, with the recipe's system packages provided; refused before any work when the
+    image cannot give `plat` or is stale, or the host lacks a system package."""
     from farm.runners.choose import get_runner
 
     lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
@@ -175,9 +176,12 @@ def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None):
                                    "CUDA toolkit of this host); the builder images are Linux")
         runner_kind = "host"
     runner = get_runner(runner_kind, arch=lane)
-    described = runner.describe()
-    image = getattr(runner, "image", None)   # the container runner's builder image
-    target = Target(id=image.id if image else "host", arch=lane,
+    if recipe is not None and cell.platform != "windows":   # Linux packages; the key holds them (§5.4)
+        runner.provide_system_packages(recipe.system_packages, settings.display(recipe.path))
+    described = runner.describe()   # names the package layer the steps run in, if any
+    image = getattr(runner, "image", None)   # the container runner's builder image (or its package layer)
+    # The builder's id: envs made in it serve its package layers too (same Python, design.md §8.5).
+    target = Target(id=image.builder_id if image else "host", arch=lane,
                     glibc=image.glibc if image else described["glibc"], plat_floor=image.plat if image else None)
     if plat and image is not None:
         from farm.runners.images import check_plat

@@ -70,6 +70,9 @@ _MINOR = re.compile(r"^\d+\.\d+$")
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _PATCH = re.compile(r"^\d+\.\d+\.\d+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A package as apt and dnf name it (`libsparsehash-dev`, `sparsehash-devel`, `libfoo:amd64`): it goes
+# into a shell line of the package layer's build (design.md §8.5), so nothing else passes.
+_SYSTEM_PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:~-]*$")
 _URL = re.compile(r"^(https?|git|ssh|file)://\S+$|^git@[\w.-]+:\S+$")
 
 
@@ -473,6 +476,10 @@ def read_extra_sources(r: Reader, value) -> tuple[ExtraSource, ...]:
 def read_system_packages(r: Reader, value) -> Mapping[str, tuple[str, ...]]:
     data = r.mapping(value, "system_packages")
     r.known_keys(data, IMAGE_FAMILIES, "system_packages.")
+    for fam in data:
+        for i, name in enumerate(r.strings(data[fam], f"system_packages.{fam}")):
+            if not _SYSTEM_PACKAGE.match(name):
+                r.fail(f"system_packages.{fam}[{i}]", name, "expected one package name (letters, digits, . _ + : ~ -)")
     return frozen({fam: r.strings(data[fam], f"system_packages.{fam}") for fam in IMAGE_FAMILIES if fam in data})
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -63,6 +63,11 @@ class Runner(Protocol):
         Returns (exit_code, log_path). A timeout gives exit code 124. An out-of-memory
         kill shows as 137; callers decide what that means (design.md §11.2).
         """
+        ...
+
+    def provide_system_packages(self, packages: Mapping[str, tuple[str, ...]], where: str) -> None:
+        """Make the recipe's `system_packages` (by package manager; `where`: its file) present for the
+        steps, or refuse in one line before any work (design.md §8.5)."""
         ...
 
     def network_isolation_when_off(self) -> str:

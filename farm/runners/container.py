@@ -17,6 +17,7 @@ import shlex
 import shutil
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from filelock import FileLock
@@ -26,7 +27,7 @@ from farm.build import progress
 from farm.errors import RunnerError
 from farm.platforms import host_arch
 from farm.process import last_line, run
-from farm.runners import images
+from farm.runners import images, syspkgs
 from farm.runners.base import (
     CACHE_TARGET,
     ENTRYPOINT_MODULE,
@@ -73,7 +74,7 @@ class ContainerRunner:
                 if not build_image:
                     raise RunnerError(f"no builder image for {self.arch} (run `farm images build --arch {self.arch}`)")
                 image = images.ensure_builder(self.arch, self.engine)
-        self.image = image
+        self.image = self.builder = image   # the image becomes a package layer over the builder for some recipes
         self.limits = limits or Limits()
         self._tools: Path | None = None
 
@@ -103,6 +104,11 @@ class ContainerRunner:
         mounts = [Mount(py["mount"], py["mount"], read_only=True)] if py.get("mount") else []
         return py["path"], mounts
 
+    def provide_system_packages(self, packages: Mapping[str, tuple[str, ...]], where: str) -> None:
+        """Steps run in a layer over the builder image holding the recipe's packages for its manager."""
+        pkgs = syspkgs.wanted(packages, self.builder.package_manager, where)
+        self.image = syspkgs.ensure_layer(self.engine, self.builder, pkgs) if pkgs else self.builder
+
     # ----- the tools environment -------------------------------------------------
 
     def _tool_python(self) -> dict:
@@ -118,7 +124,8 @@ class ContainerRunner:
             return self._tools
         py = self._tool_python()
         reqs = sorted(project_requirements())
-        key = hashlib.sha256("\0".join([self.image.id, py["path"], *reqs]).encode()).hexdigest()[:16]
+        # The builder's: a package layer keeps the builder's Python, so its venv serves the layer too.
+        key = hashlib.sha256("\0".join([self.image.builder_id, py["path"], *reqs]).encode()).hexdigest()[:16]
         root = cache_dir() / "tools"
         dest = root / key
         root.mkdir(parents=True, exist_ok=True)
@@ -159,7 +166,7 @@ class ContainerRunner:
             if res.exit_code != 0:
                 raise RunnerError(f"installing the farm's tools in {self.image.ref} failed (exit {res.exit_code}); "
                                   f"log {log}")
-            (tmp / ".farm-ok").write_text(self.image.id + "\n")
+            (tmp / ".farm-ok").write_text(self.image.builder_id + "\n")
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(tmp, dest)

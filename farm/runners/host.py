@@ -13,13 +13,14 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
 from farm.errors import BadInput
 from farm.platforms import host_arch
 from farm.process import run, signal_group
-from farm.runners import images
+from farm.runners import images, syspkgs
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
 from farm.settings import PROJECT_ROOT
@@ -57,6 +58,10 @@ class HostRunner:
                            f"this host is {host_arch()}; {want} cells need the container runner")
         self.arch = want
         self.network_isolation = "namespace" if _can_unshare_net() else "open"
+
+    def provide_system_packages(self, packages: Mapping[str, tuple[str, ...]], where: str) -> None:
+        """The farm installs nothing on its host: the packages are there, or the cell is refused."""
+        syspkgs.check_host(packages, where)
 
     def network_isolation_when_off(self) -> str:
         return self.network_isolation

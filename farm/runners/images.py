@@ -83,7 +83,7 @@ def check_arch(arch: str) -> str:
     return arch
 
 
-def _sha(*parts: bytes | str) -> str:
+def sha(*parts: bytes | str) -> str:
     h = hashlib.sha256()
     for p in parts:
         h.update(p if isinstance(p, bytes) else p.encode())
@@ -106,7 +106,7 @@ def base_recipe(arch: str) -> dict:
 
 
 def base_key(arch: str) -> str:
-    return _sha(json.dumps(base_recipe(arch), sort_keys=True))[:16]
+    return sha(json.dumps(base_recipe(arch), sort_keys=True))[:16]
 
 
 def base_ref(arch: str) -> str:
@@ -141,16 +141,22 @@ def debootstrap_progress() -> Callable[[str], None]:
     return on_line
 
 
-def image_build_progress(line: str) -> None:
-    """Emits the builder image's build step from a line of the engine's build log (`STEP 5/9: RUN ...`)."""
-    if m := _BUILD_STEP.match(line):
-        step, total = int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4))
-        progress.emit(progress.Event("image build", "progress", done=step - 1, total=total, unit="steps",
-                                     current=m.group(5).strip()[:80]))
+def build_step_reader(step: str) -> Callable[[str], None]:
+    """A reader of an engine build log's lines (`STEP 5/9: RUN ...`) that emits the build's step as
+    progress of `step`: the builder image's, or a recipe's package layer's (farm/runners/syspkgs.py)."""
+    def on_line(line: str) -> None:
+        if m := _BUILD_STEP.match(line):
+            done, total = int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4))
+            progress.emit(progress.Event(step, "progress", done=done - 1, total=total, unit="steps",
+                                         current=m.group(5).strip()[:80]))
+    return on_line
+
+
+image_build_progress = build_step_reader("image build")
 
 
 @contextmanager
-def _shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> Iterator[None]:
+def shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> Iterator[None]:
     """A step of image set-up: its start and end, and its log's lines read for progress meanwhile."""
     with progress.step(step):
         if reader is None or not progress.active():
@@ -175,7 +181,7 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
                "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.value()]
         _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
-        with _shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
+        with shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
         if p.returncode != 0:
             raise ImageError(f"debootstrap failed (exit {p.returncode}): {last_line(log, default='')} (log {log})")
@@ -227,6 +233,16 @@ class Image:
     cuda_home: str = ""
     cuda: str = ""  # the CUDA_VERSION build argument (dnf images), "" when the toolkit comes from PyPI
     key: str = ""
+    # A recipe's package layer over a builder image (farm/runners/syspkgs.py): that image's ref and id,
+    # and the packages the layer adds. Empty for the builder image itself.
+    layer_of: str = ""
+    layer_of_id: str = ""
+    system_packages: list[str] = field(default_factory=list)
+
+    @property
+    def builder_id(self) -> str:
+        """The builder image's id: what the layer's Python, its envs and tools venv come from."""
+        return self.layer_of_id or self.id
 
     def python(self, version: str) -> dict | None:
         """The interpreter for Python `version` ("3.12"), with the host prefix to mount if any."""
@@ -236,15 +252,16 @@ class Image:
         return [p["version"] for p in self.pythons]
 
     def describe(self) -> dict:
+        layer = {"layer_of": self.layer_of, "system_packages": self.system_packages} if self.layer_of else {}
         return {"image_ref": self.ref, "image_id": self.id, "arch": self.arch, "base": self.base,
-                "glibc": self.glibc, "plat": self.plat, "pythons": self.python_versions()}
+                "glibc": self.glibc, "plat": self.plat, "pythons": self.python_versions(), **layer}
 
 
 def builder_key(arch: str, base: str, cuda: str = "") -> str:
     """Hash of everything the image and its record come from: base recipe, Dockerfile,
     install script, and the platform probe (which decides the recorded tag)."""
     base_part = base_key(arch) if base.startswith("localhost/farm-base:") else base
-    return _sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), _PLAT_PROBE_CPP, cuda, arch,
+    return sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), _PLAT_PROBE_CPP, cuda, arch,
                 str(_RECORD_VERSION))[:16]
 
 
@@ -301,7 +318,7 @@ def ensure_builder(arch: str | None = None, engine: Engine | None = None, base: 
             local = base.startswith("localhost/")
             log = images_dir() / f"build-{arch}-{key}.log"
             log.unlink(missing_ok=True)
-            with _shown("image build", log, image_build_progress):
+            with shown("image build", log, image_build_progress):
                 image_id = engine.build(DOCKER_DIR, ref, dockerfile=DOCKERFILE, build_args=build_args(base, cuda),
                                         labels={"farm.key": key, "farm.base": base}, arch=arch,
                                         network=not local, pull=not local, log_path=log)

@@ -1,0 +1,116 @@
+"""A recipe's system_packages (design.md §8.5): the container runner's package layer over the builder
+image (a real podman build from Debian's mirror, then a cache hit), and the host runner's one-line
+refusal when this machine lacks a package."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from farmcli import PROJECT, run_farm
+from hostile import assert_one_line_refusal, assert_recipe_check_refuses, tree_state
+
+from farm.build import progress
+from farm.errors import BadInput
+from farm.platforms import host_arch
+from farm.runners import images, syspkgs
+from farm.runners.container import ContainerRunner
+from farm.runners.engine import Engine, ensure_engine
+
+HEADER = "/usr/include/google/dense_hash_map"   # what torchsparse's compile missed
+ABSENT = "farm-test-surely-absent-package"
+
+
+# ----- no engine needed ---------------------------------------------------------------
+
+
+def test_the_packages_of_the_image_manager_are_taken_sorted_and_other_managers_refused():
+    both = {"apt": ("zlib1g-dev", "libsparsehash-dev", "zlib1g-dev"), "dnf": ("sparsehash-devel",)}
+    assert syspkgs.wanted(both, "apt", "recipes/x.yml") == ("libsparsehash-dev", "zlib1g-dev")
+    assert syspkgs.wanted({}, "apt", "recipes/x.yml") == ()
+    with pytest.raises(BadInput) as refused:
+        syspkgs.wanted({"dnf": ("sparsehash-devel",)}, "apt", "recipes/x.yml")
+    assert str(refused.value).startswith("recipes/x.yml: system_packages: ") and "no apt packages" in str(refused.value)
+
+
+def test_the_layer_key_follows_builder_manager_and_package_set_and_nothing_else():
+    key = syspkgs.layer_key("sha256:aa", "apt", ("b", "a"))
+    assert key == syspkgs.layer_key("sha256:aa", "apt", ("a", "b"))
+    assert len({key, syspkgs.layer_key("sha256:bb", "apt", ("a", "b")), syspkgs.layer_key("sha256:aa", "dnf", ("a", "b")),
+                syspkgs.layer_key("sha256:aa", "apt", ("a",))}) == 4
+    text = syspkgs.dockerfile("localhost/farm-builder:x86_64-abc", "apt", ("libsparsehash-dev",))
+    assert text.startswith("FROM localhost/farm-builder:x86_64-abc\nRUN ")
+    assert "apt-get install -y -qq --no-install-recommends libsparsehash-dev &&" in text
+    assert "rm -rf /var/lib/apt/lists/*" in text
+
+
+def test_a_package_name_that_is_not_one_is_refused_by_the_recipe_check(tmp_path):
+    assert_recipe_check_refuses(
+        tmp_path, "name: pkg\nsource:\n  path: .\nlinks_torch: true\n"
+                  "system_packages:\n  apt: [libsparsehash-dev, 'x; curl evil | sh']\n",
+        "system_packages.apt[1]: 'x; curl evil | sh': expected one package name")
+
+
+def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_any_work(tmp_path):
+    if syspkgs.host_manager() is None:
+        pytest.skip("this host has neither dpkg nor rpm")
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
+    demo = demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}")
+    (recipes / "farm_demo.yml").write_text(demo + f"system_packages:\n  apt: [{ABSENT}]\n  dnf: [{ABSENT}]\n")
+    out, house = tmp_path / "out", tmp_path / "wheelhouse"
+    before = tree_state(tmp_path)
+    res = run_farm("build", "farm_demo-cu130-torch2.13-py311", "--runner", "host", "--no-publish", "--out", str(out),
+                   env={"FARM_RECIPES": str(recipes), "FARM_WHEELHOUSE": str(house)}, timeout=120)
+    line = assert_one_line_refusal(res, 2, f"farm_demo.yml: system_packages: ['{ABSENT}']: not installed on this host")
+    assert "--runner container" in line
+    assert tree_state(tmp_path) == before   # no out folder, no wheelhouse: refused before any work
+
+
+# ----- a real layer over the cached builder image ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return ensure_engine()
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, monkeypatch):
+    builder = images.ensure_builder(host_arch(), engine, quiet=True)
+    assert builder.package_manager == "apt"
+    pkgs = ("libsparsehash-dev",)
+    # An earlier run's layer goes, so this one builds (a few seconds); an image a container uses stays.
+    subprocess.run([engine.exe, "rmi", syspkgs.layer_ref(host_arch(), syspkgs.layer_key(builder.id, "apt", pkgs))],
+                   capture_output=True)
+    seen: list[progress.Event] = []
+    with progress.using(seen.append):
+        layer = syspkgs.ensure_layer(engine, builder, pkgs)
+    assert layer.ref.startswith(f"{syspkgs.LAYER_REPO}:{host_arch()}-") and layer.id == engine.image_id(layer.ref)
+    assert layer.id != builder.id and layer.builder_id == builder.id and layer.key == builder.key
+    assert engine.image_labels(layer.ref)["farm.layer-of"] == builder.id
+    # Run through the engine wrapper (create/start/wait): the header is in the layer, not in the builder.
+    engine.output(layer.ref, ["test", "-f", HEADER], network=False)
+    with pytest.raises(Exception, match="exited 1"):
+        engine.output(builder.ref, ["test", "-f", HEADER], network=False)
+    # Shown like the builder image's build: its own step, counting the build's steps.
+    assert [e.kind for e in seen if e.step == "image packages" and e.kind != "progress"] == ["start", "end"]
+    assert any(e.kind == "progress" and e.unit == "steps" for e in seen if e.step == "image packages")
+
+    def no_build(*a, **k):
+        raise AssertionError("the package layer was rebuilt although its builder and packages did not change")
+
+    monkeypatch.setattr(Engine, "build", no_build)
+    again = syspkgs.ensure_layer(engine, builder, pkgs)
+    assert (again.ref, again.id) == (layer.ref, layer.id)
+    # The container runner runs a recipe's steps in that layer and its record names it.
+    runner = ContainerRunner(arch=host_arch(), engine=engine, image=builder)
+    runner.provide_system_packages({"apt": ("libsparsehash-dev",), "dnf": ("sparsehash-devel",)},
+                                   "recipes/torchsparse.yml")
+    described = runner.describe()
+    assert (described["image_ref"], described["image_id"]) == (layer.ref, layer.id)
+    assert described["layer_of"] == builder.ref and described["system_packages"] == ["libsparsehash-dev"]
+    runner.provide_system_packages({}, "recipes/farm_demo.yml")
+    assert runner.image == builder
