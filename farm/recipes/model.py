@@ -265,7 +265,8 @@ class Recipe:
             "arch_fallback": self.arch_fallback,
             "build_requires_farm": list(self.build_requires_farm),
             "extra_sources": [e.plain() for e in self.extra_sources],
-            "system_packages": {k: list(v) for k, v in self.system_packages.items()},
+            # A set: the package layer installs them in one command (design.md §8.5), so order is no input.
+            "system_packages": {k: sorted(set(v)) for k, v in self.system_packages.items()},
             "expected_fail": self.expected_fail and _drop_empty({
                 "cells": list(self.expected_fail.cells), "reason": self.expected_fail.reason,
                 "until": self.expected_fail.until}),
