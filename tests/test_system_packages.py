@@ -15,7 +15,7 @@ from farm.errors import BadInput
 from farm.platforms import host_arch
 from farm.runners import images, syspkgs
 from farm.runners.container import ContainerRunner
-from farm.runners.engine import Engine, ensure_engine
+from farm.runners.engine import Engine, Mount, ensure_engine
 
 HEADER = "/usr/include/google/dense_hash_map"   # what torchsparse's compile missed
 ABSENT = "farm-test-surely-absent-package"
@@ -100,7 +100,7 @@ def engine() -> Engine:
 
 @pytest.mark.slow
 @pytest.mark.container
-def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, monkeypatch):
+def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, monkeypatch, tmp_path):
     builder = images.ensure_builder(host_arch(), engine, quiet=True)
     assert builder.package_manager == "apt"
     pkgs = ("libsparsehash-dev",)
@@ -128,11 +128,21 @@ def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, mo
     again = syspkgs.ensure_layer(engine, builder, pkgs)
     assert (again.ref, again.id) == (layer.ref, layer.id)
     # The container runner runs a recipe's steps in that layer and its record names it.
-    runner = ContainerRunner(arch=host_arch(), engine=engine, image=builder)
+    runner = ContainerRunner(arch=host_arch(), engine=engine, image=builder, entrypoint="header_probe")
     runner.provide_system_packages({"apt": ("libsparsehash-dev",), "dnf": ("sparsehash-devel",)},
                                    "recipes/torchsparse.yml")
     described = runner.describe()
     assert (described["image_ref"], described["image_id"]) == (layer.ref, layer.id)
     assert described["layer_of"] == builder.ref and described["system_packages"] == ["libsparsehash-dev"]
+    # A step (offline, with the builder's tools venv) sees the header; in the builder image it does not.
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "header_probe.py").write_text("import os, sys\nsys.exit(0 if os.path.exists(sys.argv[1]) else 3)\n")
+    mounts = [*runner.standard_mounts(tmp_path / "work", tmp_path / "out", caches={}),
+              Mount(probe, "/farm/probe", read_only=True)]
+    step = runner.run_step([HEADER], {"PYTHONPATH": "/farm/probe"}, mounts, network=False, log_path=tmp_path / "a.log")
+    assert step.exit_code == 0, step.log_path.read_text()[-2000:]
     runner.provide_system_packages({}, "recipes/farm_demo.yml")
     assert runner.image == builder
+    step = runner.run_step([HEADER], {"PYTHONPATH": "/farm/probe"}, mounts, network=False, log_path=tmp_path / "b.log")
+    assert step.exit_code == 3, step.log_path.read_text()[-2000:]

@@ -110,6 +110,8 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     }
     # what the wall time was bought with: an estimate turns it into CPU-hours (design.md §5.5)
     limits = (build.get("runner_info") or {}).get("limits") or {}
+    if layer := {k: v for k, v in (build.get("runner_info") or {}).items() if k in ("layer_of", "system_packages")}:
+        record["image_layer"] = {"ref": build["runner_info"].get("image_ref"), **layer}   # design.md §8.5
     record["cores"] = max(1, int(limits.get("cpus") or os.cpu_count() or 1))
     if build.get("max_jobs"):
         record["max_jobs"] = build["max_jobs"]
