@@ -103,8 +103,9 @@ def engine() -> Engine:
 def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, monkeypatch, tmp_path):
     builder = images.ensure_builder(host_arch(), engine, quiet=True)
     assert builder.package_manager == "apt"
-    pkgs = ("libsparsehash-dev",)
-    # An earlier run's layer goes, so this one builds (a few seconds); an image a container uses stays.
+    # A package set no recipe has (rapidjson-dev rides along), so a real build running beside the test
+    # cannot hold this layer: an earlier run's layer goes and this one builds (a few seconds).
+    pkgs = ("libsparsehash-dev", "rapidjson-dev")
     subprocess.run([engine.exe, "rmi", syspkgs.layer_ref(host_arch(), syspkgs.layer_key(builder.id, "apt", pkgs))],
                    capture_output=True)
     seen: list[progress.Event] = []
@@ -129,11 +130,10 @@ def test_the_layer_installs_the_package_once_and_is_a_cache_hit_after(engine, mo
     assert (again.ref, again.id) == (layer.ref, layer.id)
     # The container runner runs a recipe's steps in that layer and its record names it.
     runner = ContainerRunner(arch=host_arch(), engine=engine, image=builder, entrypoint="header_probe")
-    runner.provide_system_packages({"apt": ("libsparsehash-dev",), "dnf": ("sparsehash-devel",)},
-                                   "recipes/torchsparse.yml")
+    runner.provide_system_packages({"apt": pkgs, "dnf": ("sparsehash-devel",)}, "recipes/torchsparse.yml")
     described = runner.describe()
     assert (described["image_ref"], described["image_id"]) == (layer.ref, layer.id)
-    assert described["layer_of"] == builder.ref and described["system_packages"] == ["libsparsehash-dev"]
+    assert described["layer_of"] == builder.ref and described["system_packages"] == list(pkgs)
     # A step (offline, with the builder's tools venv) sees the header; in the builder image it does not.
     probe = tmp_path / "probe"
     probe.mkdir()
