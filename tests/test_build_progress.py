@@ -27,7 +27,7 @@ from farmcli import PROJECT, run_farm
 
 from farm.build import progress
 from farm.build.compilelog import Count, first_error, first_error_lines, read_progress_line
-from farm.build.display import StepDisplay, Throttle, describe
+from farm.build.display import Outcome, StepDisplay, Throttle, describe
 from farm.build.downloads import DownloadProgress
 from farm.build.progress import Event
 
@@ -306,7 +306,6 @@ def test_a_plain_step_that_says_nothing_for_a_while_says_it_still_runs():
 
 
 def test_quiet_shows_nothing_and_a_failure_summary_shows_the_first_error(tmp_path):
-    from farm.build.display import Outcome
 
     out = StringIO()
     display = StepDisplay(plain=True, stream=out, quiet=True)
@@ -325,6 +324,21 @@ def test_quiet_shows_nothing_and_a_failure_summary_shows_the_first_error(tmp_pat
     assert "  peak memory:  900 MB (the largest process)" in text and "  cache:        1 hit" in text
     assert text[-4:] == ["  failed:       compile after 12.0s",
                          '    bad.cu(3): error: expected a ";"', "          x[i] = 2.0f * x[i];", "          ^"]
+
+
+def test_a_step_run_in_two_phases_keeps_its_place_and_sums_its_runs_in_the_summary():
+    # A recipe with a pre_build runs env and toolkit in the pre_build phase and again in the build phase.
+    out = StringIO()
+    display = StepDisplay(plain=True, stream=out)
+    runs = [("source", 0.2), ("env", 80.0), ("toolkit", 12.0), ("prebuild", 5.0), ("env", 1.5), ("toolkit", 0.5),
+            ("compile", 30.0)]
+    for step, seconds in runs:
+        display(Event(step, "start"))
+        display(Event(step, "end", seconds=seconds))
+    display.close()
+    assert "[farm build] env: done in 1.5s" in out.getvalue().splitlines()   # each run's line says its own time
+    text = display.summary_lines(Outcome("x: built"))
+    assert "  steps:        source 0.2s, env 1m21s, toolkit 12.5s, prebuild 5.0s, compile 30.0s" in text
 
 
 # ---------------------------------------------------------------- end to end: farm build of the demo cell

@@ -116,6 +116,7 @@ class StepState:
     started: float
     status: str = "running"          # running | done | failed
     seconds: float | None = None
+    earlier: float = 0.0             # the seconds of its earlier runs (env and toolkit run once per phase)
     last: Event | None = None        # the latest progress event
     peak_mb: int | None = None
     error: str | None = None
@@ -161,8 +162,11 @@ class StepDisplay(Terminal):
             getattr(self, f"_on_{event.kind}")(event)
 
     def _on_start(self, event: Event) -> None:
-        self.steps.pop(event.step, None)   # a step run again (env and toolkit, once per phase) starts over
-        self.steps[event.step] = StepState(event.step, started=self.clock())
+        # A step run again (env and toolkit, once per phase) keeps its place in the summary, and its time
+        # there is the sum of its runs; its lines say each run's own time.
+        before = self.steps.get(event.step)
+        earlier = (before.seconds or 0.0) if before and before.status != "running" else 0.0
+        self.steps[event.step] = StepState(event.step, started=self.clock(), earlier=earlier)
         self.throttle.forget(event.step)
         self._refresh(force=True)   # the live view first, so the line printed above it is not followed by a stale one
         self._say(f"{event.step}: start", event.step)
@@ -184,12 +188,12 @@ class StepDisplay(Terminal):
     def _on_end(self, event: Event) -> None:
         state = self._finish(event, "done")
         detail = describe(state.last, current=False)
-        self._say(f"{event.step}: done in {fmt_s(state.seconds)}" + (f" ({detail})" if detail else ""))
+        self._say(f"{event.step}: done in {fmt_s(state.seconds - state.earlier)}" + (f" ({detail})" if detail else ""))
 
     def _on_fail(self, event: Event) -> None:
         state = self._finish(event, "failed")
         state.error, state.lines = event.error, event.lines
-        self._say(f"{event.step}: failed after {fmt_s(state.seconds)}: {event.error}")
+        self._say(f"{event.step}: failed after {fmt_s(state.seconds - state.earlier)}: {event.error}")
 
     def _on_log(self, event: Event) -> None:
         if self.verbose and not self.quiet and event.text is not None:
@@ -202,7 +206,8 @@ class StepDisplay(Terminal):
     def _finish(self, event: Event, status: str) -> StepState:
         state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, self.clock()))
         state.status = status
-        state.seconds = event.seconds if event.seconds is not None else self.clock() - state.started
+        this_run = event.seconds if event.seconds is not None else self.clock() - state.started
+        state.seconds = state.earlier + this_run
         state.peak_mb = event.peak_mb
         self._refresh(force=True)
         return state
