@@ -117,6 +117,7 @@ class StepState:
     status: str = "running"          # running | done | failed
     seconds: float | None = None
     earlier: float = 0.0             # the seconds of its earlier runs (env and toolkit run once per phase)
+    this_run: float = 0.0
     last: Event | None = None        # the latest progress event
     peak_mb: int | None = None
     error: str | None = None
@@ -188,12 +189,12 @@ class StepDisplay(Terminal):
     def _on_end(self, event: Event) -> None:
         state = self._finish(event, "done")
         detail = describe(state.last, current=False)
-        self._say(f"{event.step}: done in {fmt_s(state.seconds - state.earlier)}" + (f" ({detail})" if detail else ""))
+        self._say(f"{event.step}: done in {fmt_s(state.this_run)}" + (f" ({detail})" if detail else ""))
 
     def _on_fail(self, event: Event) -> None:
         state = self._finish(event, "failed")
         state.error, state.lines = event.error, event.lines
-        self._say(f"{event.step}: failed after {fmt_s(state.seconds - state.earlier)}: {event.error}")
+        self._say(f"{event.step}: failed after {fmt_s(state.this_run)}: {event.error}")
 
     def _on_log(self, event: Event) -> None:
         if self.verbose and not self.quiet and event.text is not None:
@@ -206,8 +207,8 @@ class StepDisplay(Terminal):
     def _finish(self, event: Event, status: str) -> StepState:
         state = self.steps.get(event.step) or self.steps.setdefault(event.step, StepState(event.step, self.clock()))
         state.status = status
-        this_run = event.seconds if event.seconds is not None else self.clock() - state.started
-        state.seconds = state.earlier + this_run
+        state.this_run = event.seconds if event.seconds is not None else self.clock() - state.started
+        state.seconds = state.earlier + state.this_run
         state.peak_mb = event.peak_mb
         self._refresh(force=True)
         return state
