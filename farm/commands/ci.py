@@ -24,7 +24,7 @@ def register(sub) -> None:
                    help="whose config.json may name an image_registry (default: the project's wheelhouse)")
     p.set_defaults(func=github_command)
 
-    p = verbs.add_parser("outputs", help="(in a plan job) per chunk of this group, the cells missing from the wheelhouse")
+    p = verbs.add_parser("outputs", help="(in a plan job) per chunk of this group, the rows with a cell missing from the wheelhouse")
     add_filters(p)
     p.add_argument("--group", type=int, required=True)
     p.add_argument("--layout", required=True, help="the chunk layout digest the workflow was generated with")
