@@ -4,6 +4,7 @@ refusal when this machine lacks a package."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -88,6 +89,26 @@ def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_a
     line = assert_one_line_refusal(res, 2, f"farm_demo.yml: system_packages: ['{ABSENT}']: not installed on this host")
     assert "--runner container" in line
     assert tree_state(tmp_path) == before   # no out folder, no wheelhouse: refused before any work
+
+
+def test_farm_run_on_the_host_runner_counts_a_recipe_missing_a_system_package_as_unbuildable_once(tmp_path):
+    if syspkgs.host_manager() is None:
+        pytest.skip("this host has neither dpkg nor rpm")
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
+    demo = demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}")
+    (recipes / "farm_demo.yml").write_text(demo + f"system_packages:\n  apt: [{ABSENT}]\n  dnf: [{ABSENT}]\n")
+    res = run_farm("run", "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--platform", "linux",
+                   "--runner", "host", "--dry-run", "--plain", "--wheelhouse", str(tmp_path / "wheelhouse"),
+                   env={"FARM_RECIPES": str(recipes)}, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # the refusal farm build would print per cell, said once for the row with its count, not as failed cells
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("[farm run] unbuildable here")]
+    assert len(lines) == 1, res.stdout
+    assert re.search(rf"\d+ cells \(4: .*farm_demo.yml: system_packages: \['{ABSENT}'\]: not installed on this host",
+                     lines[0]), lines[0]
+    assert "0 to build" in res.stdout and "[farm run] cells: none selected" in res.stdout
 
 
 # ----- a real layer over the cached builder image ----------------------------------------

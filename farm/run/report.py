@@ -193,8 +193,9 @@ class Display(Terminal):
                 self.line(f"... and {len(rows) - SUMMARY_ROWS} more (see the report)")
         order = ("built", "up-to-date", "skipped", "pending", "expected-fail", "failed", "oom", "blocked",
                  "interrupted", "not-started")
-        self.line("cells: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]) +
-                  f" (of {len(result.cells)} selected) in {_fmt_s(result.seconds)}")
+        tally = ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+        self.line(f"cells: {tally} (of {len(result.cells)} selected) in {_fmt_s(result.seconds)}" if tally
+                  else "cells: none selected")
         total = sum(len(v) for v in result.unbuildable.values())
         if total:
             parts = "; ".join(f"{len(ids)}: {why}" for why, ids in sorted(result.unbuildable.items(),

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm.errors import FarmError
+from farm import settings
+from farm.errors import BadInput, FarmError
 from farm.policy import DEFAULT_PEAK_GB_PER_JOB
 from farm.recipes.cells import Cell
 from farm.recipes.plan import Filters, Plan, full_plan, in_shard
@@ -128,6 +129,7 @@ class Buildability:
         self._toolkit: dict[str, str | None] = {}
         self._index: dict[str, str | None] = {}
         self._python: dict[str, str | None] = {}
+        self._system: dict[str, str | None] = {}
 
     def why_not(self, cell, recipe) -> str | None:
         from farm.build.cell import refusal
@@ -143,7 +145,25 @@ class Buildability:
         py = self.python(cell)
         if py:
             return py
+        system = self.system_packages(cell, recipe)
+        if system:
+            return system
         return self.torch(cell)
+
+    def system_packages(self, cell, recipe) -> str | None:
+        """The host runner installs nothing: a recipe's Linux system packages must be on this host already
+        (what `farm build` would refuse per cell, said once for all the recipe's cells)."""
+        if self.runner != "host" or cell.platform == "windows" or not recipe.system_packages:
+            return None
+        if recipe.name not in self._system:
+            from farm.runners.syspkgs import check_host
+
+            try:
+                check_host(recipe.system_packages, settings.display(recipe.path))
+                self._system[recipe.name] = None
+            except BadInput as exc:
+                self._system[recipe.name] = str(exc)
+        return self._system[recipe.name]
 
     def python(self, cell) -> str | None:
         """The cell's Python must exist where the steps run (the image's own or a mounted pyenv prefix)."""
