@@ -148,6 +148,48 @@ def test_images_show_lists_the_image_with_its_tag(image):
     assert "gone" not in line
 
 
+@pytest.mark.slow
+@pytest.mark.container
+def test_prune_removes_superseded_images_and_files_and_keeps_what_current_builds_use(engine, image, tmp_path):
+    from farm.runners.syspkgs import LAYER_REPO
+
+    # Superseded things as a host collects them: a builder tag of an older key, a package layer over a
+    # builder that is gone, a base tarball and a record of older keys.
+    old_builder = f"{images.BUILDER_REPO}:{host_arch()}-000000000000"
+    engine.tag(image.ref, old_builder)
+    (tmp_path / "Dockerfile").write_text(f"FROM {image.ref}\nLABEL farm.layer-of=sha256:{'0' * 64}\n")
+    old_layer = f"{LAYER_REPO}:{host_arch()}-000000000000"
+    engine.build(tmp_path, old_layer, dockerfile=tmp_path / "Dockerfile", arch=host_arch(), network=False)
+    current_layer = f"{LAYER_REPO}:{host_arch()}-111111111111"   # a layer over the current builder stays
+    (tmp_path / "Dockerfile").write_text(f"FROM {image.ref}\nLABEL farm.layer-of={image.id}\n")
+    engine.build(tmp_path, current_layer, dockerfile=tmp_path / "Dockerfile", arch=host_arch(), network=False)
+    old_tarball = images.images_dir() / f"base-{images.SUITE}-{host_arch()}-{'0' * 16}.tar"
+    old_tarball.write_bytes(b"")
+    old_record = images.images_dir() / "records" / f"{host_arch()}-{'0' * 16}.json"
+    old_record.write_text(json.dumps({**json.loads(json.dumps(image.__dict__)), "key": "0" * 16}))
+    try:
+        dry = farm_cli("images", "prune", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        for stale in (old_builder, old_layer, str(old_tarball), str(old_record)):
+            assert f"would remove {stale}" in dry.stdout, dry.stdout
+        assert image.ref not in dry.stdout and current_layer not in dry.stdout
+        assert engine.image_id(old_builder) and old_tarball.exists()   # a dry run removes nothing
+
+        done = farm_cli("images", "prune")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"removed {old_builder}" in done.stdout and f"removed {old_layer}" in done.stdout
+        assert engine.image_id(old_builder) is None and engine.image_id(old_layer) is None
+        assert not old_tarball.exists() and not old_record.exists()
+        assert engine.image_id(image.ref) == image.id and engine.image_id(current_layer)
+        assert images.load_image(host_arch(), engine) is not None   # the current record stays
+        assert image.ref not in farm_cli("images", "prune", "--dry-run").stdout
+    finally:
+        for ref in (old_builder, old_layer, current_layer):
+            engine.remove_image(ref)
+        old_tarball.unlink(missing_ok=True)
+        old_record.unlink(missing_ok=True)
+
+
 def test_setup_qemu_is_idempotent():
     first = farm_cli("images", "setup-qemu")
     if first.returncode != 0:

@@ -1,4 +1,4 @@
-"""`farm images base|build|show|setup-qemu`: the builder images (design.md §8.2, §8.3)."""
+"""`farm images base|build|show|prune|setup-qemu`: the builder images (design.md §8.2, §8.3)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ def register(sub) -> None:
 
     p = verbs.add_parser("show", help="list built images with their glibc, platform tag and Pythons")
     p.set_defaults(func=show_command)
+
+    p = verbs.add_parser("prune", help="remove the farm's images and files no current builder or package layer uses")
+    p.add_argument("--dry-run", action="store_true", help="list what would go")
+    p.set_defaults(func=prune_command)
 
     p = verbs.add_parser("setup-qemu", help="mount binfmt_misc and register qemu-aarch64 (idempotent)")
     p.set_defaults(func=setup_qemu_command)
@@ -95,3 +99,23 @@ def show_command(args) -> int:
 def setup_qemu_command(args) -> int:
     print(images.setup_qemu(quiet=True))
     return 0
+
+
+def prune_command(args) -> int:
+    """Each superseded builder image (docker/ or the base changed), package layer over one, base image and
+    base tarball is ~0.6 GB that no build will use again; a ref a container still holds stays, said."""
+    engine = Engine.detect()
+    found = images.stale(engine)
+    refused = 0
+    for ref in found.refs:
+        why = None if args.dry_run else engine.remove_image(ref)
+        if why:
+            refused += 1
+        print(f"{'would remove' if args.dry_run else 'kept' if why else 'removed'} {ref}" + (f": {why}" if why else ""))
+    for path in found.files:
+        if not args.dry_run:
+            path.unlink(missing_ok=True)
+        print(f"{'would remove' if args.dry_run else 'removed'} {path}")
+    if not found.refs and not found.files:
+        print("nothing stale")
+    return 1 if refused else 0

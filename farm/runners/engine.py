@@ -167,7 +167,7 @@ class Engine:
         data = self.inspect(ref)
         if not data:
             return None
-        return _full_id(data.get("Id", ""))
+        return full_id(data.get("Id", ""))
 
     def image_arch(self, ref: str) -> str | None:
         data = self.inspect(ref)
@@ -236,6 +236,20 @@ class Engine:
 
     def tag(self, ref: str, new_ref: str) -> None:
         self._run(["tag", ref, new_ref])
+
+    def image_refs(self, repository: str) -> list[str]:
+        """The `repository:tag` refs the engine holds in `repository` (e.g. localhost/farm-builder)."""
+        p = self._run(["images", "--format", "{{.Repository}}:{{.Tag}}", repository], check=False)
+        return sorted({ln.strip() for ln in p.stdout.splitlines() if ln.strip().startswith(f"{repository}:")})
+
+    def remove_image(self, ref: str) -> str | None:
+        """`rmi` one ref (the image goes with its last tag); the engine's reason when it refuses (a container
+        still uses it), else None."""
+        p = self._run(["rmi", ref], check=False)
+        if p.returncode == 0:
+            return None
+        lines = (p.stderr or "").strip().splitlines()
+        return lines[-1] if lines else f"exit {p.returncode}"
 
     # ----- containers -----------------------------------------------------------
 
@@ -330,7 +344,8 @@ class Engine:
         return text
 
 
-def _full_id(raw: str) -> str:
+def full_id(raw: str) -> str:
+    """An image id as `sha256:<hex>` (docker prints it so, some podman outputs leave the prefix off)."""
     return raw if raw.startswith("sha256:") or not raw else f"sha256:{raw}"
 
 

@@ -31,7 +31,7 @@ from farm.build import progress
 from farm.errors import BadInput, EngineError, ImageError
 from farm.platforms import host_arch, plat_glibc
 from farm.process import last_line, run
-from farm.runners.engine import Engine, Mount
+from farm.runners.engine import Engine, Mount, full_id
 from farm.settings import PROJECT_ROOT, cache_dir
 from farm.yamlio import write_atomic
 
@@ -360,6 +360,40 @@ def list_images(engine: Engine | None = None) -> list[tuple[Image, bool]]:
             present = engine is not None and engine.image_id(rec.ref) == rec.id
             out.append((rec, present))
     return out
+
+
+# ----- what is stale: images and files no current recipe of docker/ or of a recipe layer makes -----
+
+BUILDER_REPO, BASE_REPO = "localhost/farm-builder", "localhost/farm-base"
+
+
+@dataclass
+class Stale:
+    refs: list[str]       # engine refs (builders, their package layers, bases) to remove
+    files: list[Path]     # base tarballs and image records under images_dir()
+
+
+def stale(engine: Engine) -> Stale:
+    """The farm's own images that nothing current uses. A builder is current when its record's key is the
+    key this checkout computes for it (docker/ and the base as they are now); a package layer when it was
+    made over a current builder (its `farm.layer-of` label); a base when it is this checkout's base of an
+    arch. Images of other repositories are never looked at."""
+    from farm.runners.syspkgs import LAYER_REPO
+
+    current = [rec for rec, present in list_images(engine)
+               if present and rec.key == builder_key(rec.arch, rec.base, rec.cuda)]
+    keep = {rec.ref for rec in current} | {base_ref(a) for a in ARCHES}
+    builder_ids = {rec.id for rec in current}
+    refs = [r for r in engine.image_refs(BUILDER_REPO) + engine.image_refs(BASE_REPO) if r not in keep]
+    refs += [r for r in engine.image_refs(LAYER_REPO)
+             if full_id(engine.image_labels(r).get("farm.layer-of", "")) not in builder_ids]
+    folder = images_dir()
+    tarballs = {base_tarball(a) for a in ARCHES}
+    files = [p for p in sorted(folder.glob(f"base-{SUITE}-*.tar")) if p not in tarballs]
+    current_records = {_record_path(rec.arch, rec.key) for rec in current}
+    files += [p for p in sorted(_records_dir().glob("*.json")) if p not in current_records] \
+        if _records_dir().is_dir() else []
+    return Stale(refs, files)
 
 
 # ----- handing an image to another host (CI: built once per run, loaded by every build job) -----
