@@ -151,8 +151,7 @@ def test_images_show_lists_the_image_with_its_tag(image):
 @pytest.mark.slow
 @pytest.mark.container
 def test_prune_removes_superseded_images_and_files_and_keeps_what_current_builds_use(engine, image, tmp_path):
-    from farm.runners.syspkgs import LAYER_REPO
-
+    LAYER_REPO = images.LAYER_REPO
     # Superseded things as a host collects them: a builder tag of an older key, a package layer over a
     # builder that is gone, a base tarball and a record of older keys.
     old_builder = f"{images.BUILDER_REPO}:{host_arch()}-000000000000"

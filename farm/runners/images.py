@@ -41,6 +41,8 @@ INSTALL_SCRIPT = DOCKER_DIR / "install-deps.sh"
 ARCHES = ("x86_64", "aarch64")
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 SUITE = "bookworm"
+# The farm's own repositories in the engine (a recipe's package layers: farm/runners/syspkgs.py).
+BUILDER_REPO, BASE_REPO, LAYER_REPO = "localhost/farm-builder", "localhost/farm-base", "localhost/farm-layer"
 PRODUCTION_BASE = "quay.io/pypa/manylinux_2_28_{arch}"
 # Bump when the way a base tarball is made changes (not its inputs, those are hashed).
 _BASE_RECIPE_VERSION = 1
@@ -110,7 +112,7 @@ def base_key(arch: str) -> str:
 
 
 def base_ref(arch: str) -> str:
-    return f"localhost/farm-base:{SUITE}-{arch}-{base_key(arch)[:12]}"
+    return f"{BASE_REPO}:{SUITE}-{arch}-{base_key(arch)[:12]}"
 
 
 def base_tarball(arch: str) -> Path:
@@ -266,7 +268,7 @@ def builder_key(arch: str, base: str, cuda: str = "") -> str:
 
 
 def builder_ref(arch: str, key: str) -> str:
-    return f"localhost/farm-builder:{arch}-{key[:12]}"
+    return f"{BUILDER_REPO}:{arch}-{key[:12]}"
 
 
 def _records_dir() -> Path:
@@ -362,10 +364,7 @@ def list_images(engine: Engine | None = None) -> list[tuple[Image, bool]]:
     return out
 
 
-# ----- what is stale: images and files no current recipe of docker/ or of a recipe layer makes -----
-
-BUILDER_REPO, BASE_REPO = "localhost/farm-builder", "localhost/farm-base"
-
+# ----- what is stale: the farm's images and files that nothing current uses -----
 
 @dataclass
 class Stale:
@@ -378,8 +377,6 @@ def stale(engine: Engine) -> Stale:
     key this checkout computes for it (docker/ and the base as they are now); a package layer when it was
     made over a current builder (its `farm.layer-of` label); a base when it is this checkout's base of an
     arch. Images of other repositories are never looked at."""
-    from farm.runners.syspkgs import LAYER_REPO
-
     current = [rec for rec, present in list_images(engine)
                if present and rec.key == builder_key(rec.arch, rec.base, rec.cuda)]
     keep = {rec.ref for rec in current} | {base_ref(a) for a in ARCHES}

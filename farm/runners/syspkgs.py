@@ -26,7 +26,7 @@ from farm.runners import images
 from farm.runners.engine import Engine
 
 KEY = "system_packages"
-LAYER_REPO = "localhost/farm-layer"
+LAYER_REPO = images.LAYER_REPO
 # How each manager installs a list and leaves no package lists behind. Debian's base ships without
 # /var/lib/apt/lists (design.md §8.3), which apt-get update needs.
 _INSTALL = {
