@@ -4,8 +4,10 @@ would also run the metadata hook, which for torch extensions runs setup.py and i
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,46 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     assert "missing sm_100; extra sm_89" in flags_summary(report)
     exact = flags_report([["-c", "x.cu", "-gencode=arch=compute_80,code=sm_80"]], ArchList.parse("8.0"))
     assert exact["equal"] and "equal to the cell's list 8.0" in flags_summary(exact)
+
+
+def test_the_wrapper_samples_the_cpu_of_finished_calls_and_prices_the_cell_from_them(tmp_path):
+    from farm.arch.archlist import ArchList
+    from farm.build.compile import (
+        flags_report,
+        flags_summary,
+        read_nvcc_calls,
+        read_nvcc_cpu,
+        record_nvcc_calls,
+    )
+
+    # a stand-in nvcc that burns about 0.4 CPU-seconds in a child (as nvcc's cicc and ptxas are), or,
+    # for x.cu, waits to be killed as the flags tier's stop kills a running compile
+    real = tmp_path / "nvcc"
+    real.write_text('#!/bin/sh\ncase "$*" in *x.cu*) exec sleep 60;; esac\n'
+                    f'{sys.executable} -c "import time\nt = time.process_time()\n'
+                    'while time.process_time() - t < 0.4: pass"\n')
+    real.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin"}
+    calls = record_nvcc_calls(env, tmp_path / "rec", real)
+    gencode = "-gencode=arch=compute_80,code=sm_80"
+    for name in ("a.cu", "b.cu"):
+        subprocess.run(["nvcc", "-c", name, gencode], env=env, check=True)
+    subprocess.run(["nvcc", "--version"], env=env, check=True)   # finishes, but compiles nothing: not sampled
+    killed = subprocess.Popen(["nvcc", "-c", "x.cu", gencode], env=env, start_new_session=True)
+    time.sleep(0.5)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    cpu = read_nvcc_cpu(calls)
+    assert len(cpu) == len(read_nvcc_calls(calls)) == 4
+    assert cpu[-1] is None and all(c is not None and c >= 0.35 for c in cpu[:2]), cpu
+    report = flags_report(read_nvcc_calls(calls), ArchList.parse("8.0"), cpu, objects_total=30)
+    assert report["finished"] == 2 and report["objects_total"] == 30
+    assert 0.35 <= report["cpu_s_per_object"] < 2
+    assert report["cpu_h_estimate"] == round(report["cpu_s_per_object"] * 30 / 3600, 2)
+    assert "2 of 30 objects finished at" in flags_summary(report)
+    none = flags_report(read_nvcc_calls(calls)[-1:], ArchList.parse("8.0"), cpu[-1:], objects_total=30)
+    assert none["finished"] == 0 and none["cpu_h_estimate"] is None
+    assert "none of 30 objects finished before the stop" in flags_summary(none)
 
 
 def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):

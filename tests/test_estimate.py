@@ -118,6 +118,25 @@ def test_without_a_full_cold_record_the_default_is_used_and_named(tmp_path):
     assert gsplat["basis"] == f"default {DEFAULT_CELL_MINUTES:g} min"
 
 
+def test_a_flags_record_with_finished_objects_prices_the_cell_from_its_cpu_sample(tmp_path):
+    """flash_attn's flags run finished 2 of its 73 objects at 600 CPU-s each, for 4 archs: its cu130 cell costs
+    73 x 600 CPU-s (12.17 CPU-h), its 2-arch cu126 cell half of that; both marked sampled."""
+    records = tmp_path / "records"
+    _record(records, "flash_attn", tier="flags", wall_s=1500.0, steps={"compile": 1490.0},
+            arch_list="8.0 9.0 10.0 12.0+PTX",
+            flags={"compiling_invocations": 3, "stopped": True, "finished": 2, "objects_total": 73,
+                   "cpu_s_per_object": 600.0, "cpu_h_estimate": 12.17})
+    cell = ("--package", "flash_attn", "--python", "3.12", "--platform", "linux")
+    on_13 = line(estimate_json(*cell, "--cuda", "13.0", "--torch", "2.13", records=records), "flash_attn", "linux")
+    assert (on_13["cells"], on_13["source"]) == (1, "sampled")
+    assert on_13["cpu_hours"] == pytest.approx(12.17, abs=1e-3)
+    assert on_13["wall_hours"] == pytest.approx(12.17 / 2, abs=1e-3)   # one job of 4 nvcc threads on 2 cores
+    assert on_13["basis"] == "flags sample: 2 of 73 objects at 600 CPU-s each for 4 archs"
+    on_126 = line(estimate_json(*cell, "--cuda", "12.6", "--torch", "2.6", records=records), "flash_attn", "linux")
+    assert on_126["source"] == "sampled" and on_126["cpu_hours"] == pytest.approx(12.17 / 2, abs=1e-3)
+    assert SOURCES.index("sampled") == SOURCES.index("default") - 1   # less direct than a measured full build
+
+
 def test_wall_hours_spread_rows_over_the_runners_but_never_below_the_longest_row(tmp_path):
     records = tmp_path / "records"
     _record(records, "diso", **full(600, 600, archs=6))

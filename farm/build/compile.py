@@ -231,9 +231,15 @@ def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: fl
 # with the cell's list. The compiler cache is off for it: a cache hit would skip the compiler.
 
 NVCC_WRAPPER = """#!/bin/sh
-# The farm's flags tier: record this call's arguments (NUL-separated), then run the real nvcc.
+# The farm's flags tier: record this call's arguments (NUL-separated), run the real nvcc, then record
+# the CPU time it took (`times`: its second line is nvcc's and its children's user and system time).
+# A call the stop kills leaves no cpu file: only finished calls are sampled.
 f=$(mktemp {calls}/call.XXXXXX) && printf '%s\\0' "$@" > "$f"
-exec {nvcc} "$@"
+{nvcc} "$@"
+rc=$?
+b=${{f##*/call.}}
+times > {calls}/cpu.$b
+exit $rc
 """
 _GENCODE = ("-gencode", "--generate-code")
 _ARCH = ("-arch", "--gpu-architecture")
@@ -270,10 +276,27 @@ def record_nvcc_calls(env: dict[str, str], folder: Path, real_nvcc: Path | str) 
     return calls
 
 
+def _call_files(calls: Path) -> list[Path]:
+    return sorted(Path(calls).glob("call.*"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
 def read_nvcc_calls(calls: Path) -> list[list[str]]:
     """The argument lists the wrapper recorded, oldest first."""
-    found = sorted(Path(calls).glob("call.*"), key=lambda p: (p.stat().st_mtime_ns, p.name))
-    return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in found]
+    return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in _call_files(calls)]
+
+
+_TIMES = re.compile(r"(\d+)m([\d.]+)s")
+
+
+def read_nvcc_cpu(calls: Path) -> list[float | None]:
+    """CPU-seconds of each recorded call (in read_nvcc_calls' order), None for one that did not finish."""
+    out: list[float | None] = []
+    for call in _call_files(calls):
+        cpu = call.with_name("cpu." + call.name.removeprefix("call."))
+        lines = cpu.read_text().splitlines() if cpu.is_file() else []
+        spans = _TIMES.findall(lines[1]) if len(lines) > 1 else []
+        out.append(sum(int(m) * 60 + float(s) for m, s in spans) if len(spans) == 2 else None)
+    return out
 
 
 def _option_values(argv: Sequence[str], names: tuple[str, ...]) -> list[str]:
@@ -319,20 +342,35 @@ def by_arch(names) -> list[str]:
     return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
 
 
-def flags_report(calls: list[list[str]], arch_list: ArchList) -> dict:
+def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | None] | None = None,
+                 objects_total: int | None = None) -> dict:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
-    PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own."""
+    PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
+
+    With `cpu` (per call, None: did not finish) and the compile's object count (ninja's or CMake's total),
+    also the sample the stop left: the compiling calls that finished, their mean CPU-seconds, and that
+    mean times the object count, the CPU-hours of the whole cell (an estimate: objects that are not
+    nvcc's, the binding's .cpp, are priced as if they were)."""
     want = {f"sm_{t.sm}{t.variant}" for t in arch_list} | {f"compute_{t.sm}{t.variant}" for t in arch_list if t.ptx}
-    per_call = [t for t in (nvcc_targets(argv) for argv in calls) if t]
+    targets = [nvcc_targets(argv) for argv in calls]
+    per_call = [t for t in targets if t]
     seen = set().union(*per_call) if per_call else set()
     missing, extra = want - seen, seen - want
-    return {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
-            "sass": by_arch(n for n in seen if n.startswith("sm_")),
-            "ptx": by_arch(n for n in seen if n.startswith("compute_")),
-            "other": by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
-            "equal": bool(per_call) and not missing and not extra,
-            "missing": by_arch(missing), "extra": by_arch(extra),
-            "calls_differing": sum(1 for t in per_call if t != want)}
+    report = {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
+              "sass": by_arch(n for n in seen if n.startswith("sm_")),
+              "ptx": by_arch(n for n in seen if n.startswith("compute_")),
+              "other": by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
+              "equal": bool(per_call) and not missing and not extra,
+              "missing": by_arch(missing), "extra": by_arch(extra),
+              "calls_differing": sum(1 for t in per_call if t != want)}
+    if cpu is not None:
+        finished = [c for t, c in zip(targets, cpu, strict=True) if t and c is not None]
+        per_object = sum(finished) / len(finished) if finished else None
+        report.update({"finished": len(finished), "objects_total": objects_total,
+                       "cpu_s_per_object": round(per_object, 1) if per_object is not None else None,
+                       "cpu_h_estimate": round(per_object * objects_total / 3600, 2)
+                       if per_object is not None and objects_total else None})
+    return report
 
 
 def flags_summary(report: dict) -> str:
@@ -340,9 +378,20 @@ def flags_summary(report: dict) -> str:
     seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
     head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
     if report["equal"]:
-        return f"{head}: equal to the cell's list {report['expected']}"
+        return f"{head}: equal to the cell's list {report['expected']}{_sample_text(report)}"
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
     diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
             f"extra {' '.join(report['extra'])}" if report["extra"] else ""]
     return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"
+
+
+def _sample_text(report: dict) -> str:
+    """'; 2 of 73 objects finished at 640 CPU-s each: ~13 CPU-h for the cell' (what the stop left to sample)."""
+    if "finished" not in report:
+        return ""
+    total = f" of {report['objects_total']}" if report.get("objects_total") else ""
+    if not report["finished"]:
+        return f"; none{total} objects finished before the stop (no CPU sample)"
+    text = f"; {report['finished']}{total} objects finished at {report['cpu_s_per_object']:g} CPU-s each"
+    return text + (f": ~{report['cpu_h_estimate']:g} CPU-h for the cell" if report.get("cpu_h_estimate") else "")

@@ -139,7 +139,13 @@ class Steps:
         return env
 
     def compile(self) -> dict:
-        from farm.build.compile import compile_wheel, flags_report, read_nvcc_calls, record_nvcc_calls
+        from farm.build.compile import (
+            compile_wheel,
+            flags_report,
+            read_nvcc_calls,
+            read_nvcc_cpu,
+            record_nvcc_calls,
+        )
         from farm.build.compilelog import CompileWatch
 
         self._start_import_child()
@@ -150,11 +156,11 @@ class Steps:
         stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
         calls = record_nvcc_calls(env, self.out / "nvcc-calls", str(self._toolkit_provisioned().nvcc)) \
             if stop_after is not None else None
-        with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls):
+        with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls) as watch:
             wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
                                   self.out / "compile.log", stop_after=stop_after)
-        found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list), "stopped": wheel is None}} \
-            if calls is not None else {}
+        found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls),
+                                          watch.count.total), "stopped": wheel is None}} if calls is not None else {}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):
             from farm.build.ccache import read_stats_log

@@ -6,7 +6,10 @@ measured on the farm's own host, and says for each figure where it came from:
 - measured: a full, cold build record of a cell with the same number of arch tokens;
 - scaled:   a full record carried to another arch count (the compile step only: each arch costs
             about one more device pass of every kernel, the same work per token) or to the arm64 lane;
-- default:  no usable record (none, blocked, failed, smoke, flags, or a warm rebuild): the recipe's
+- sampled:  a flags record whose stopped compile finished some of its objects: their mean CPU-seconds
+            (the nvcc wrapper's `times`) times the compile's object count (ninja's total), for its arch
+            count; scaled to other arch counts like a full record;
+- default:  no usable record (none, blocked, failed, smoke, flags without a sample, or a warm rebuild): the recipe's
             timeout / TIMEOUT_MARGIN, else DEFAULT_CELL_MINUTES, never below what a failed or stopped
             attempt already spent; every Windows figure (no Windows build has a record).
 
@@ -53,7 +56,7 @@ DEFAULT_CELL_MINUTES = 15.0
 # cost half again.
 LANE_FACTOR = {"linux": 1.0, "linux_aarch64": 1.0, "windows": 1.5}
 DEFAULT_RUNNERS = 20
-SOURCES = ("measured", "scaled", "default")   # in order of directness: a group shows its least direct
+SOURCES = ("measured", "scaled", "sampled", "default")   # in order of directness: a group shows its least direct
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,13 @@ def basis_of(recipe: Recipe, record: Mapping | None, defaults: Defaults, where: 
         tokens = _arch_tokens(record, where)
         return Basis("measured", float(wall), _compile_seconds(record, where), tokens, cores,
                      f"full record: {wall_text(wall)} for {tokens} archs on {cores} cores")
+    sample = record.get("flags") if tier == "flags" else None
+    if isinstance(sample, Mapping) and sample.get("cpu_h_estimate"):
+        tokens = _arch_tokens(record, where)
+        cpu_s = float(sample["cpu_h_estimate"]) * 3600
+        return Basis("sampled", cpu_s / cores, cpu_s / cores, tokens, cores,
+                     f"flags sample: {sample['finished']} of {sample['objects_total']} objects at "
+                     f"{sample['cpu_s_per_object']:g} CPU-s each for {tokens} archs")
     if recipe.timeout:
         seconds, why = recipe.timeout * 60 / TIMEOUT_MARGIN, f"timeout {recipe.timeout} min / {TIMEOUT_MARGIN:g}"
     else:
@@ -210,12 +220,13 @@ def price(basis: Basis, cell: Cell) -> Priced:
     """One cell: the basis carried to the cell's arch count and lane."""
     wall, source, scaled_to, note = basis.wall_s, basis.source, None, None
     tokens = len(cell.arch.arch_list.tokens)
+    measured = basis.source == "measured"   # a sample stays a sample, scaled or not
     if basis.tokens and tokens != basis.tokens:
         wall += basis.compile_s * (tokens / basis.tokens - 1)
-        source, scaled_to = "scaled", tokens
+        source, scaled_to = "scaled" if measured else source, tokens
     factor = LANE_FACTOR[cell.platform]
-    if cell.platform == "linux_aarch64" and basis.source == "measured":
-        source, note = "scaled", "on native arm64 runners (x86 figure)"
+    if cell.platform == "linux_aarch64" and basis.source in ("measured", "sampled"):
+        source, note = "scaled" if measured else source, "on native arm64 runners (x86 figure)"
     if cell.platform == "windows":
         source, note = "default", f"x{factor:g} for Windows (assumed)"
     wall *= factor
