@@ -110,6 +110,8 @@ def test_flags_tier_on_the_demo_records_exactly_the_list(recipes, tmp_path):
     assert record["tier"] == "flags" and flags["equal"] and flags["missing"] == flags["extra"] == []
     assert flags["sass"] == ALL_SASS and flags["ptx"] == ["compute_90", "compute_120"]
     assert flags["compiling_invocations"] >= 1 and flags["calls_differing"] == 0
+    assert flags["objects_total"] == 3   # ninja's total: two .cu files and the binding
+    assert flags["finished"] <= flags["compiling_invocations"]   # a call the stop killed is no sample
     assert not _leftovers(str(tmp_path)), "a compile process outlived the flags run's stop"
 
 
@@ -150,6 +152,9 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     flags = json.loads((recipes / "records" / "hardcoded.json").read_text())["flags"]
     assert not flags["equal"] and flags["extra"] == ["sm_89"] and flags["missing"] == missing
     assert flags["calls_differing"] == flags["compiling_invocations"] == 1
+    assert flags["objects_total"] == 1
+    if not flags["stopped"]:   # the one object finished inside the minute: its CPU time is the sample
+        assert flags["finished"] == 1 and flags["cpu_s_per_object"] > 0 and flags["cpu_h_estimate"] is not None
 
     table = run_farm("recipes", "status", "--out", str(tmp_path / "status.md"), env={"FARM_RECIPES": str(recipes)})
     assert table.returncode == 0, table.stderr
