@@ -195,6 +195,27 @@ def test_the_wrapper_samples_the_cpu_of_finished_calls_and_prices_the_cell_from_
     assert "none of 30 objects finished before the stop" in flags_summary(none)
 
 
+def test_the_cuda_objects_are_counted_from_the_builds_ninja_files(tmp_path):
+    from farm.build.compile import nvcc_objects
+
+    assert nvcc_objects(tmp_path) is None   # no build.ninja written yet
+    torch_ext = tmp_path / "build" / "temp.linux-x86_64-cpython-312"
+    torch_ext.mkdir(parents=True)
+    (torch_ext / "build.ninja").write_text(
+        "rule compile\n  command = c++ $in\nrule cuda_compile\n  command = nvcc $in\n"
+        "build /w/b/binding.o: compile /w/csrc/binding.cpp\n"
+        "build /w/b/a.o: cuda_compile /w/csrc/a.cu\n"
+        "build /w/b/c$:d.o: cuda_compile /w/csrc/c$:d.cu\n")   # a colon in a path, escaped
+    cmake = tmp_path / "_skbuild" / "tree"
+    cmake.mkdir(parents=True)
+    (cmake / "build.ninja").write_text(
+        "build ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/acc.cu.o: CUDA_COMPILER__ggml-cuda_unscanned_Release "
+        "/s/acc.cu || cmake_object_order_depends_target_ggml-cuda\n"
+        "build ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o: C_COMPILER__ggml-base_unscanned_Release /s/ggml.c\n"
+        "build bin/libggml-cuda.so: CUDA_SHARED_LIBRARY_LINKER__ggml-cuda_Release acc.cu.o\n")
+    assert nvcc_objects(tmp_path) == 3
+
+
 def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
     from farm.build.compile import compile_wheel
 

@@ -285,6 +285,24 @@ def read_nvcc_calls(calls: Path) -> list[list[str]]:
     return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in _call_files(calls)]
 
 
+# `build <outputs>: <rule> <inputs>`; ninja escapes a colon in a path as `$:`.
+_NINJA_EDGE = re.compile(r"^build\s(?:[^:$]|\$.)*:\s*(\S+)")
+
+
+def nvcc_objects(source_dir: Path | str) -> int | None:
+    """The CUDA objects the build's ninja files say it compiles (torch's cpp_extension writes one per
+    extension, CMake's Ninja generator one per build tree): edges whose rule names CUDA and compiling,
+    e.g. `cuda_compile`, `CUDA_COMPILER__ggml-cuda_unscanned_Release`. None when no build.ninja was written
+    (yet: an extension built after the stop is not counted)."""
+    count = 0
+    for ninja_file in Path(source_dir).rglob("build.ninja"):
+        for line in ninja_file.read_text(errors="replace").splitlines():
+            edge = _NINJA_EDGE.match(line)
+            if edge and "cuda" in edge.group(1).lower() and "compil" in edge.group(1).lower():
+                count += 1
+    return count or None
+
+
 _TIMES = re.compile(r"(\d+)m([\d.]+)s")
 
 
@@ -347,10 +365,10 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
     PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
 
-    With `cpu` (per call, None: did not finish) and the compile's object count (ninja's or CMake's total),
-    also the sample the stop left: the compiling calls that finished, their mean CPU-seconds, and that
-    mean times the object count, the CPU-hours of the whole cell (an estimate: objects that are not
-    nvcc's, the binding's .cpp, are priced as if they were)."""
+    With `cpu` (per call, None: did not finish) and the compile's CUDA object count, also the sample the
+    stop left: the compiling calls that finished, their mean CPU-seconds, and that mean times the object
+    count, the CPU-hours of the whole cell (the C++ objects beside them are left out: host-only passes,
+    a few percent of a CUDA build)."""
     want = {f"sm_{t.sm}{t.variant}" for t in arch_list} | {f"compute_{t.sm}{t.variant}" for t in arch_list if t.ptx}
     targets = [nvcc_targets(argv) for argv in calls]
     per_call = [t for t in targets if t]

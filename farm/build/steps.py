@@ -142,6 +142,7 @@ class Steps:
         from farm.build.compile import (
             compile_wheel,
             flags_report,
+            nvcc_objects,
             read_nvcc_calls,
             read_nvcc_cpu,
             record_nvcc_calls,
@@ -159,8 +160,12 @@ class Steps:
         with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls) as watch:
             wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
                                   self.out / "compile.log", stop_after=stop_after)
-        found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls),
-                                          watch.count.total), "stopped": wheel is None}} if calls is not None else {}
+        found = {}
+        if calls is not None:
+            # ninja prints an object's line only once it finished: its total may never show before the stop
+            objects = nvcc_objects(self._source_dir()) or watch.count.total
+            found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls), objects),
+                               "stopped": wheel is None}}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):
             from farm.build.ccache import read_stats_log
