@@ -80,3 +80,14 @@ def host_arch() -> str:
     """This machine's CPU in the farm's spelling: x86_64 or aarch64 (Windows says AMD64, macOS arm64)."""
     m = _platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def marker_environment(platform: str, python: str) -> dict[str, str]:
+    """PEP 508 marker values of a cell's target (platform, Python 'X.Y'), for deciding on the host which of a
+    recipe's requirements the target takes: pip evaluates markers for the Python it runs on, even when it
+    downloads for another (`--python-version`). The patch level is unknown: taken as 0."""
+    windows = platform == "windows"
+    return {"python_version": python, "python_full_version": f"{python}.0", "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "os_name": "nt" if windows else "posix",
+            "sys_platform": "win32" if windows else "linux", "platform_system": "Windows" if windows else "Linux",
+            "platform_machine": {"linux": "x86_64", "windows": "AMD64", "linux_aarch64": "aarch64"}[platform]}

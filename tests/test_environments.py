@@ -146,6 +146,20 @@ def test_overlay_adds_build_deps_over_the_read_only_base_with_pins_recorded(base
     assert time.monotonic() - t0 < 2.0
 
 
+def test_build_deps_markers_are_decided_for_the_target_not_the_host():
+    # this host's pip runs on 3.11; the cell is 3.12: pip alone would take the first line
+    on_312 = E.EnvRequest(python="3.12", torch_pin="2.13.0", cuda="13.0", platform="linux")
+    deps = ['six==1.16.0; python_version < "3.12"', 'six==1.17.0; python_version >= "3.12"',
+            'pywin32==311; sys_platform == "win32"']
+    assert E.for_target(deps, on_312) == ["six==1.17.0"]
+    win_310 = E.EnvRequest(python="3.10", torch_pin="2.13.0", cuda="13.0", platform="windows")
+    assert E.for_target(deps, win_310) == ["pywin32==311", "six==1.16.0"]
+    arm = E.EnvRequest(python="3.13", torch_pin="2.13.0", cuda="13.0", platform="linux_aarch64")
+    assert E.for_target(['a; platform_machine == "aarch64"', 'b; platform_machine == "x86_64"'], arm) == ["a"]
+    got = E.download_build_deps(on_312, deps)
+    assert got is not None and [f.name for f in got.files] == ["six-1.17.0-py2.py3-none-any.whl"]
+
+
 @needs_py311
 def test_overlay_installs_build_requires_farm_wheels_without_their_deps_keyed_by_sha256(base_env, tmp_path):
     """The cell's build_requires_farm wheels go into its overlay with --no-deps (their requirement here is on

@@ -200,10 +200,29 @@ def download_environment(req: EnvRequest, *, log=None, root: Path | None = None)
                     root=root)
 
 
+def for_target(requirements: Iterable[str] | None, req: EnvRequest) -> list[str]:
+    """The requirements the target takes, sorted, markers decided for it (pip would decide them for the host's
+    Python: `numpy==2.2.6; python_version < "3.11"` must download for a 3.10 cell from a 3.11 host)."""
+    from packaging.requirements import Requirement
+
+    from farm.platforms import marker_environment
+
+    env = marker_environment(req.platform, req.python)
+    kept = []
+    for text in requirements or ():
+        parsed = Requirement(str(text))
+        if parsed.marker is not None:
+            if not parsed.marker.evaluate(env):
+                continue
+            parsed.marker = None
+        kept.append(str(parsed))
+    return sorted(kept)
+
+
 def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
                         root: Path | None = None) -> DownloadSet | None:
     """Host side: a recipe's build_deps for the target, with torch held at the pin (None when none)."""
-    deps = sorted(str(d) for d in build_deps or ())
+    deps = for_target(build_deps, req)
     if not deps:
         return None
     index = torch_index(req.torch_pin, req.cuda, req.platform)
@@ -337,7 +356,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
     """`base` plus a recipe's build_deps, then its build_requires_farm wheels ((file, sha256) pairs, installed
     with --no-deps: their own requirements are the build env's business), cached per base, deps and wheel
     sha256s; `base` itself when there are neither."""
-    deps = sorted(str(d) for d in build_deps or ())
+    deps = for_target(build_deps, req) if req is not None else sorted(str(d) for d in build_deps or ())
     farm_wheels = sorted((Path(f), sha) for f, sha in farm_wheels)
     if not deps and not farm_wheels:
         return base
