@@ -63,6 +63,25 @@ def test_an_unreachable_torch_index_is_reported_in_one_line(monkeypatch, tmp_pat
     assert "unreachable" in msg
 
 
+def test_a_project_with_only_an_sdist_is_built_into_a_pure_wheel_here_and_resolved_with_its_deps(tmp_path):
+    # fvcore publishes no wheel at all; its dependencies (yacs, tabulate, ...) do
+    got = D.download(["fvcore==0.1.5.post20221221"], python="3.12", platform="linux", glibc="2.36", root=tmp_path)
+    names = [f.name for f in got.files]
+    assert "fvcore-0.1.5.post20221221-py3-none-any.whl" in names
+    assert any(n.startswith("yacs-") for n in names) and any(n.startswith("numpy-") and "cp312" in n for n in names)
+    assert all(f.is_file() for f in got.files)   # the built wheel sits beside the downloaded ones
+    assert json.loads(got.manifest.read_text())["built_from_sdist"] == ["fvcore==0.1.5.post20221221"]
+    again = D.download(["fvcore==0.1.5.post20221221"], python="3.12", platform="linux", glibc="2.36", root=tmp_path)
+    assert again.files == got.files   # from the manifest
+
+
+def test_only_a_pure_python_wheel_built_from_an_sdist_is_taken():
+    assert D._pure("fvcore-0.1.5.post20221221-py3-none-any.whl")
+    assert D._pure("six-1.17.0-py2.py3-none-any.whl")
+    assert not D._pure("zstandard-0.25.0-cp311-cp311-linux_x86_64.whl")   # built for this host, not the target
+    assert not D._pure("legacy-1.0-py2-none-any.whl")
+
+
 @pytest.mark.slow
 def test_downloads_are_for_the_target_and_never_twice(downloads):
     torch_whl = downloads.file_for("torch")

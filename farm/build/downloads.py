@@ -5,7 +5,8 @@
 carry a CPU torch that pip would prefer, and whose constraints cap torch). Files
 land in the shared cache_dir()/downloads; each request's resolved file list is
 kept as a manifest so a second call neither downloads nor even asks the index.
-Installs later use exactly the manifest's files with `--no-index`.
+Installs later use exactly the manifest's files with `--no-index`. A project with no wheel for
+the target but a pure-Python sdist is built into a wheel here first (`wheel_from_sdist`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import urllib.error
@@ -171,8 +173,18 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             write_atomic(cfile, "\n".join(constraints) + "\n")
             cmd += ["-c", str(cfile)]
         cmd += list(requirements)
-        log("downloads: " + " ".join(cmd))
-        proc = stream(cmd, DownloadProgress(), env=isolated_pip_env())
+        built: list[str] = []   # pure-Python wheels built here from sdists (a project that publishes no wheel)
+        while True:
+            log("downloads: " + " ".join(cmd))
+            proc = stream(cmd, DownloadProgress(), env=isolated_pip_env())
+            missing = _no_distribution(proc.stderr + proc.stdout) if proc.returncode != 0 else None
+            if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
+                break
+            wheel = wheel_from_sdist(missing, dl_dir / FROM_SDIST, python, platform, log)
+            built.append(missing)
+            log(f"downloads: {missing} has no wheel; built {wheel.name} from its sdist")
+            if "--find-links" not in cmd:
+                cmd[cmd.index("-d"):cmd.index("-d")] = ["--find-links", str(dl_dir / FROM_SDIST)]
         if cfile:
             cfile.unlink(missing_ok=True)
         if proc.returncode != 0:
@@ -184,13 +196,64 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             raise DownloadFailed(f"pip download {' '.join(requirements)} reported no wheel files")
         write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
                                            "python": python, "platform": platform, "glibc": glibc,
-                                           "index": index.url, "files": names,
+                                           "index": index.url, "files": names, "built_from_sdist": built,
                                            "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
         touch(result.files)
     enforce_budget(root, log=log)
     log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
     return result
+
+
+FROM_SDIST = "from-sdist"
+MAX_SDIST_BUILDS = 5   # per request: a chain longer than this is a resolution problem, not a few sdists
+_NO_DISTRIBUTION = re.compile(r"No matching distribution found for (\S+)")
+
+
+def _no_distribution(output: str) -> str | None:
+    """The requirement pip found no distribution for, as pip spells it."""
+    found = _NO_DISTRIBUTION.search(output)
+    return found.group(1) if found else None
+
+
+def wheel_from_sdist(requirement: str, folder: Path, python: str, platform: str, log) -> Path:
+    """A project that publishes only an sdist (fvcore): its wheel built here, accepted only when it is pure
+    Python (`py3-none-any`), since a compiled one would be for this host, not the target."""
+    import tempfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="farm-sdist-") as tmp:
+        get = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--no-deps",
+               "--no-binary=:all:", "-d", tmp, requirement]
+        built = [sys.executable, "-m", "pip", "wheel", "--isolated", *_cert_args(), "--no-deps", "-w", tmp]
+        for step in (get, built):
+            if step is built:
+                sdists = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
+                step = [*built, *map(str, sdists)]
+            log("downloads: " + " ".join(step))
+            proc = stream(step, DownloadProgress(), env=isolated_pip_env())
+            if proc.returncode != 0:
+                tail = last_useful_lines(proc.stderr or proc.stdout, 2, skip=lambda ln: ln.startswith("[notice]"))
+                raise DownloadFailed(f"{requirement}: no wheel for Python {python} {platform}, and its sdist "
+                                     f"did not build one: {' | '.join(tail)}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1 or not _pure(wheels[0].name):
+            raise DownloadFailed(f"{requirement}: no wheel for Python {python} {platform}, and its sdist builds "
+                                 f"{', '.join(w.name for w in wheels) or 'nothing'}, not a pure-Python wheel "
+                                 "(one compiled here would be for this host, not the target)")
+        target = folder / wheels[0].name
+        shutil.copyfile(wheels[0], target.with_suffix(".partial"))
+        os.replace(target.with_suffix(".partial"), target)
+    return target
+
+
+def _pure(wheel_name: str) -> bool:
+    """A wheel any CPython 3 takes on any platform: every tag `py3-none-any` (or py2.py3)."""
+    from packaging.utils import parse_wheel_filename
+
+    tags = parse_wheel_filename(wheel_name)[3]
+    return all(t.interpreter.startswith("py3") or t.interpreter == "py2" for t in tags) and \
+        all(t.abi == "none" and t.platform == "any" for t in tags) and any(t.interpreter == "py3" for t in tags)
 
 
 def _progress_bar() -> str:
