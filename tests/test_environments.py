@@ -160,6 +160,9 @@ def test_overlay_adds_build_deps_over_the_read_only_base_with_pins_recorded(base
     out = os.popen(f"{overlay.python} -c 'import pybind11, torch; print(torch.__file__)'").read()
     assert str(base_env.site_packages) in out
     assert E.overlay_environment(base_env, [], req=REQ) is base_env
+    # the base's console scripts stay on the compile's PATH (cumm's build runs `ninja` itself)
+    assert overlay.bin_dirs() == [overlay.python.parent, base_env.path / "bin"]
+    assert (base_env.path / "bin" / "ninja").exists() and not (overlay.python.parent / "ninja").exists()
     t0 = time.monotonic()
     E.overlay_environment(base_env, ["pybind11"], req=REQ)
     assert time.monotonic() - t0 < 2.0

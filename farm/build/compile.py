@@ -80,7 +80,7 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
     # --threads goes LAST: nvcc takes the last occurrence, which beats a setup.py hardcode.
     append = " ".join(p for p in (flags.strip(), f"--threads={nvcc_threads}") if p)
     cuda_line = cuda or toolkit.line
-    torch_bin = [str(Path(torch_env.python).parent)] if torch_env is not None else []
+    torch_bin = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
     includes = [str(p) for p in torch_env.nvidia_include_dirs()] if torch_env is not None else []
     stubs = [str(p) for p in toolkit.stub_dirs()]
     env.update({

@@ -93,6 +93,10 @@ class TorchEnv:
         """torch's own arch list in TORCH_CUDA_ARCH_LIST spelling, e.g. '7.5 8.0 ... 12.0+PTX'."""
         return arch_flags_to_list(self.torch_arch_flags)
 
+    def bin_dirs(self) -> list[Path]:
+        """Where its console scripts are: an overlay's own, then its base's (ninja is installed in the base)."""
+        return [Path(self.python).parent] + ([Path(self.base) / Path(self.python).parent.name] if self.base else [])
+
     def nvidia_include_dirs(self) -> list[Path]:
         """Headers the torch wheels' nvidia-* packages ship (cusparse.h, cublas_v2.h, ... for CUDA 13)."""
         roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
