@@ -78,7 +78,17 @@ def run_job(argv: list[str], row: str, root: Path, env: dict, ccache: Path) -> t
     if res.returncode != 0 or not built:
         raise RuntimeError(f"{' '.join(argv)}: exit {res.returncode}: {res.stdout[-1500:]}{res.stderr[-800:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    for sibling in report.get("siblings", []):   # what each sibling's compile hit, for the figure's note
+        record = root / "build" / sibling["cell"] / "build.json"
+        cache = json.loads(record.read_text()).get("compiler_cache", {}) if record.is_file() else {}
+        sibling["hits"], sibling["misses"] = cache.get("hits"), cache.get("misses")
     return cpu, wall, report
+
+
+def siblings_text(report: dict) -> str:
+    """'py310 94s 0/3 hits, py311 40s 2/3 hits, ...': where a row's time went."""
+    return ", ".join(f"{s['cell'].rsplit('-', 1)[-1]} {s['seconds']:.0f}s {s.get('hits')}/"
+                     f"{(s.get('hits') or 0) + (s.get('misses') or 0)} hits" for s in report.get("siblings", []))
 
 
 def package_figures(package: str, env: dict, root: Path) -> list[Figure]:
@@ -87,6 +97,7 @@ def package_figures(package: str, env: dict, root: Path) -> list[Figure]:
     per_cell = {py: row_command(package, [py], env) for py in PYTHONS}
     whole = row_command(package, PYTHONS, env)
     measured: dict[str, dict[str, tuple[float, float]]] = {"cell": {}, "row": {}}
+    reports: dict[str, dict] = {}
     for phase in ("cold", "warm"):
         for py, argv in per_cell.items():
             cache = root / f"cache-cell-{py}-{phase}"
@@ -100,6 +111,7 @@ def package_figures(package: str, env: dict, root: Path) -> list[Figure]:
         cpu, wall, report = run_job(whole, row, root / f"row-{phase}", env, cache)
         assert len([s for s in report["siblings"] if s["status"] == "built"]) == len(PYTHONS), report
         measured["row"][phase] = (cpu, wall)
+        reports[phase] = report
 
     def cells(phase: str, i: int) -> list[float]:
         return [measured["cell"][f"{py}-{phase}"][i] for py in PYTHONS]
@@ -110,7 +122,8 @@ def package_figures(package: str, env: dict, root: Path) -> list[Figure]:
     detail = ", ".join(f"{py} {c:.0f}s" for py, c in zip(PYTHONS, cells("cold", 0), strict=True))
     return [
         Figure(f"ci: {package} row job vs four per-cell jobs, cold, CPU-seconds", cpu_row["cold"], cpu_cell["cold"],
-               CPU_GOAL, note=f"per-cell jobs {detail}; 1-min load average at start {load:.2f}"),
+               CPU_GOAL, note=f"per-cell jobs {detail}; row siblings {siblings_text(reports['cold'])}; "
+                              f"1-min load average at start {load:.2f}"),
         Figure(f"ci: {package} row job vs four per-cell jobs, warm rerun, CPU-seconds", cpu_row["warm"],
                cpu_cell["warm"], None, note="both with their saved compiler caches restored"),
         Figure(f"ci: {package} row job, warm rerun vs cold, CPU-seconds", cpu_row["warm"], cpu_row["cold"], WARM_GOAL),
