@@ -81,7 +81,8 @@ def run_job(argv: list[str], row: str, root: Path, env: dict, ccache: Path) -> t
     for sibling in report.get("siblings", []):   # what each sibling's compile hit, for the figure's note
         record = root / "build" / sibling["cell"] / "build.json"
         cache = json.loads(record.read_text()).get("compiler_cache", {}) if record.is_file() else {}
-        sibling["hits"], sibling["misses"] = cache.get("hits"), cache.get("misses")
+        stats = cache.get("stats") or {}
+        sibling["hits"], sibling["misses"] = stats.get("hits"), stats.get("misses")
     return cpu, wall, report
 
 
