@@ -115,6 +115,23 @@ def test_an_unknown_cuda_component_is_refused_by_name(pypi_toolkit, tmp_path):
     assert not (tmp_path / "tk").exists()
 
 
+def test_the_layout_links_every_versioned_library_to_its_unversioned_name(tmp_path):
+    from farm.build.provision import _finish_layout
+
+    home = tmp_path / "tk"
+    (home / "lib").mkdir(parents=True)
+    (home / "bin").mkdir()
+    (home / "bin" / "nvcc").write_text("")
+    for name in ("libcudart.so.13", "libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libnvrtc-builtins.alt.so.13.0"):
+        (home / "lib" / name).write_text("")
+    _finish_layout(home, "x86_64")
+    links = {p.name: p.readlink().name for p in (home / "lib").iterdir() if p.is_symlink()}
+    # -lnvrtc-builtins (cumm's link line) finds only libnvrtc-builtins.so
+    assert links == {"libcudart.so": "libcudart.so.13", "libnvrtc.so": "libnvrtc.so.13",
+                     "libnvrtc-builtins.so": "libnvrtc-builtins.so.13.0",
+                     "libnvrtc-builtins.alt.so": "libnvrtc-builtins.alt.so.13.0"}
+
+
 def test_toolkit_requirement_pins_the_line_through_the_meta_package():
     req = P.toolkit_requirement("13.0", ("curand", "nvtx"))
     assert req.startswith("cuda-toolkit[") and req.endswith("]==13.0.*")

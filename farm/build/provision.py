@@ -122,13 +122,14 @@ def _extract(whl: Path, dest: Path, headers_only: bool) -> list[str]:
 
 
 def _finish_layout(home: Path, arch: str) -> None:
-    """lib64, unversioned .so links (libcudart.so -> libcudart.so.13), targets/<triple>/."""
+    """lib64, unversioned .so links (libcudart.so -> libcudart.so.13, libnvrtc-builtins.so ->
+    libnvrtc-builtins.so.13.0: a link line's `-lnvrtc-builtins` finds only the unversioned name), targets/<triple>/."""
     lib = home / "lib"
     lib.mkdir(exist_ok=True)
     if not (home / "lib64").exists():
         (home / "lib64").symlink_to("lib")
     for so in sorted(lib.glob("lib*.so.*")):
-        m = re.match(r"(lib.+?\.so)\.\d+$", so.name)
+        m = re.match(r"(lib.+?\.so)(?:\.\d+)+$", so.name)
         if m and not (lib / m.group(1)).exists():
             (lib / m.group(1)).symlink_to(so.name)
     triple = home / "targets" / TARGET_TRIPLE[arch]
