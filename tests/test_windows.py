@@ -171,7 +171,8 @@ def test_windows_compile_environment_keeps_the_arch_list_and_drops_gcc_only_sett
     arch = ArchList.parse("7.5 8.0 8.6 9.0 10.0 12.0+PTX", "test", "arch_list")
     linux_tk = Toolkit(tmp_path / "cuda", "13.0.88", "13.0", "system", "x86_64", ("sm_75",), ("compute_75",))
     torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "bin" / "python"), path=tmp_path / "venv",
-                                nvidia_include_dirs=lambda: [tmp_path / "nv" / "include"])
+                                nvidia_include_dirs=lambda: [tmp_path / "nv" / "include"],
+                                bin_dirs=lambda: [tmp_path / "venv" / "bin"])
     linux = compile_environment(arch_list=arch, toolkit=linux_tk, torch_env=torch_env, max_jobs=2,
                                 recipe_env={"MY_FLAG": "{ARCHS_CMAKE}"}, base={"HOME": "/root"})
     msvc = windows.Msvc(VS, windows.vcvars_path(VS), "14.44.35207", windows.parse_set_output(SET_OUTPUT))
@@ -221,7 +222,7 @@ def test_windows_platform_compile_environment_adapts_the_linux_one(tmp_path):
     assert tk.home == home
     arch = ArchList.parse("7.5 12.0+PTX", "test", "arch_list")
     torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "Scripts" / "python.exe"), path=Path("C:/venv"),
-                                nvidia_include_dirs=lambda: [])
+                                nvidia_include_dirs=lambda: [], bin_dirs=lambda: [tmp_path / "venv" / "Scripts"])
     env = platform_.compile_environment(
         arch_list=arch, toolkit=tk, torch_env=torch_env, cuda="13.0", max_jobs=2, nvcc_threads=1,
         nvcc_flags="", recipe_env={}, exported={})
