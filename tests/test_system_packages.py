@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from farmcli import PROJECT, run_farm
@@ -74,7 +75,8 @@ def test_the_package_list_is_in_the_build_key_whatever_its_order(tmp_path):
     assert recipes["reordered"].build_relevant()["system_packages"] == recipes["two"].build_relevant()["system_packages"]
 
 
-def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_any_work(tmp_path):
+def demo_needing_an_absent_package(tmp_path) -> Path:
+    """A recipes folder whose farm_demo needs a package no host has (skips without dpkg or rpm)."""
     if syspkgs.host_manager() is None:
         pytest.skip("this host has neither dpkg nor rpm")
     recipes = tmp_path / "recipes"
@@ -82,6 +84,11 @@ def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_a
     demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
     demo = demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}")
     (recipes / "farm_demo.yml").write_text(demo + f"system_packages:\n  apt: [{ABSENT}]\n  dnf: [{ABSENT}]\n")
+    return recipes
+
+
+def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_any_work(tmp_path):
+    recipes = demo_needing_an_absent_package(tmp_path)
     out, house = tmp_path / "out", tmp_path / "wheelhouse"
     before = tree_state(tmp_path)
     res = run_farm("build", "farm_demo-cu130-torch2.13-py311", "--runner", "host", "--no-publish", "--out", str(out),
@@ -92,13 +99,7 @@ def test_the_host_runner_refuses_a_cell_whose_system_package_is_missing_before_a
 
 
 def test_farm_run_on_the_host_runner_counts_a_recipe_missing_a_system_package_as_unbuildable_once(tmp_path):
-    if syspkgs.host_manager() is None:
-        pytest.skip("this host has neither dpkg nor rpm")
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
-    demo = demo.replace("path: ../examples/farm-demo", f"path: {PROJECT / 'examples' / 'farm-demo'}")
-    (recipes / "farm_demo.yml").write_text(demo + f"system_packages:\n  apt: [{ABSENT}]\n  dnf: [{ABSENT}]\n")
+    recipes = demo_needing_an_absent_package(tmp_path)
     res = run_farm("run", "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--platform", "linux",
                    "--runner", "host", "--dry-run", "--plain", "--wheelhouse", str(tmp_path / "wheelhouse"),
                    env={"FARM_RECIPES": str(recipes)}, timeout=120)
