@@ -177,7 +177,7 @@ def test_windows_compile_environment_keeps_the_arch_list_and_drops_gcc_only_sett
                                 recipe_env={"MY_FLAG": "{ARCHS_CMAKE}"}, base={"HOME": "/root"})
     msvc = windows.Msvc(VS, windows.vcvars_path(VS), "14.44.35207", windows.parse_set_output(SET_OUTPUT))
     tk = windows.WindowsToolkit(windows.DEFAULT_CUDA_ROOT + "\\v13.0", "13.0")
-    env = windows.adapt_compile_environment(linux, msvc=msvc, toolkit=tk, torch_scripts="C:\\venv\\Scripts",
+    env = windows.adapt_compile_environment(linux, msvc=msvc, toolkit=tk, torch_bin_dirs=["C:\\venv\\Scripts"],
                                             caller={"SystemRoot": "C:\\Windows", "TEMP": "C:\\T"})
     for same in ("TORCH_CUDA_ARCH_LIST", "CUDAARCHS", "MAX_JOBS", "NVCC_APPEND_FLAGS", "FORCE_CUDA", "MY_FLAG",
                  "PIP_NO_INDEX"):
@@ -222,13 +222,15 @@ def test_windows_platform_compile_environment_adapts_the_linux_one(tmp_path):
     assert tk.home == home
     arch = ArchList.parse("7.5 12.0+PTX", "test", "arch_list")
     torch_env = SimpleNamespace(python=str(tmp_path / "venv" / "Scripts" / "python.exe"), path=Path("C:/venv"),
-                                nvidia_include_dirs=lambda: [], bin_dirs=lambda: [tmp_path / "venv" / "Scripts"])
+                                nvidia_include_dirs=lambda: [],
+                                bin_dirs=lambda: [tmp_path / "venv" / "Scripts", tmp_path / "base" / "Scripts"])
     env = platform_.compile_environment(
         arch_list=arch, toolkit=tk, torch_env=torch_env, cuda="13.0", max_jobs=2, nvcc_threads=1,
         nvcc_flags="", recipe_env={}, exported={})
     assert env["TORCH_CUDA_ARCH_LIST"] == "7.5 12.0+PTX" and env["CUDA_HOME"] == tk.home
-    assert env["PATH"].split(";")[0].endswith("Scripts") and env["DISTUTILS_USE_SDK"] == "1"
-    assert "CFLAGS" not in env
+    # an overlay's Scripts first, then its base's (where ninja is installed)
+    assert env["PATH"].split(";")[:2] == [str(tmp_path / "venv" / "Scripts"), str(tmp_path / "base" / "Scripts")]
+    assert env["DISTUTILS_USE_SDK"] == "1" and "CFLAGS" not in env
 
 
 def test_windows_platform_leaves_the_wheel_unrepaired(tmp_path):

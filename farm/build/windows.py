@@ -24,7 +24,7 @@ import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PureWindowsPath
+from pathlib import PureWindowsPath
 
 from farm.arch.archlist import ArchList, ArchToken
 from farm.build.toolkit import COMPONENT_HEADER, NVCC_RELEASE, normalise_components, unemittable
@@ -300,12 +300,12 @@ def _has_header(home: str, headers: str | Sequence[str] | None, exists: Callable
 
 
 def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolkit: WindowsToolkit,
-                              torch_scripts: str | None = None, caller: Mapping[str, str] | None = None,
+                              torch_bin_dirs: Sequence[str] = (), caller: Mapping[str, str] | None = None,
                               isdir: Callable[[str], bool] = os.path.isdir) -> dict[str, str]:
     """farm.build.compile.compile_environment()'s result, made right for Windows.
 
     Kept: the arch list variables, MAX_JOBS, NVCC_APPEND_FLAGS, FORCE_CUDA, the PIP_*
-    isolation and the recipe's own variables. Changed: PATH (torch env Scripts, the
+    isolation and the recipe's own variables. Changed: PATH (the torch env's Scripts and its base's, the
     toolkit's bin, then MSVC's), CUDA_* from the installed toolkit, the CPATH include
     folders moved into MSVC's INCLUDE and the toolkit's lib\\x64 into LIB. Dropped:
     gcc-only flags and paths. Added: DISTUTILS_USE_SDK=1, so setuptools uses the
@@ -327,7 +327,7 @@ def adapt_compile_environment(linux_env: Mapping[str, str], *, msvc: Msvc, toolk
     includes = [p for p in (linux_env.get("CPATH") or "").split(os.pathsep) if p]
     env["INCLUDE"] = ";".join([*includes, *[p for p in env.get("INCLUDE", "").split(";") if p]])
     env["LIB"] = ";".join([toolkit.lib_dir, *[p for p in env.get("LIB", "").split(";") if p]])
-    path = [*([torch_scripts] if torch_scripts else []), *toolkit.bin_dirs(isdir)]
+    path = [*torch_bin_dirs, *toolkit.bin_dirs(isdir)]
     path += [p for p in (_ci_get(msvc_env, "PATH") or _ci_get(caller, "PATH") or "").split(";") if p]
     seen, ordered = set(), []
     for p in path:
@@ -382,10 +382,10 @@ class WindowsPlatform:
         if not isinstance(toolkit, WindowsToolkit):   # the toolkit step ran the Linux path: a farm bug
             raise ToolkitUnavailable(f"a Windows cell got a Linux toolkit ({toolkit.home})")
         torch_env = kw.get("torch_env")
-        scripts = str(Path(torch_env.python).parent) if torch_env is not None else None
+        scripts = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
         msvc = find_msvc(self.host.environ, run=self.host.run, exists=self.host.exists)
         linux = compile_environment(**kw, base=self.host.environ)
-        return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_scripts=scripts,
+        return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_bin_dirs=scripts,
                                          caller=self.host.environ, isdir=self.host.isdir)
 
     def repair(self, wheel, out_dir, **_ignored):
