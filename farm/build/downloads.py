@@ -223,19 +223,18 @@ def wheel_from_sdist(requirement: str, folder: Path, python: str, platform: str,
 
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="farm-sdist-") as tmp:
-        get = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--no-deps",
-               "--no-binary=:all:", "-d", tmp, requirement]
-        built = [sys.executable, "-m", "pip", "wheel", "--isolated", *_cert_args(), "--no-deps", "-w", tmp]
-        for step in (get, built):
-            if step is built:
-                sdists = [p for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
-                step = [*built, *map(str, sdists)]
-            log("downloads: " + " ".join(step))
-            proc = stream(step, DownloadProgress(), env=isolated_pip_env())
+        def pip(verb: str, *args: str) -> None:
+            argv = [sys.executable, "-m", "pip", verb, "--isolated", *_cert_args(), "--no-deps", *args]
+            log("downloads: " + " ".join(argv))
+            proc = stream(argv, DownloadProgress(), env=isolated_pip_env())
             if proc.returncode != 0:
                 tail = last_useful_lines(proc.stderr or proc.stdout, 2, skip=lambda ln: ln.startswith("[notice]"))
                 raise DownloadFailed(f"{requirement}: no wheel for Python {python} {platform}, and its sdist "
                                      f"did not build one: {' | '.join(tail)}")
+
+        pip("download", "--no-binary=:all:", "-d", tmp, requirement)
+        sdists = [str(p) for p in Path(tmp).iterdir() if p.name.endswith((".tar.gz", ".zip"))]
+        pip("wheel", "-w", tmp, *sdists)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if len(wheels) != 1 or not _pure(wheels[0].name):
             raise DownloadFailed(f"{requirement}: no wheel for Python {python} {platform}, and its sdist builds "
