@@ -99,18 +99,15 @@ class TorchEnv:
 
     def nvidia_include_dirs(self) -> list[Path]:
         """Headers the torch wheels' nvidia-* packages ship (cusparse.h, cublas_v2.h, ... for CUDA 13)."""
-        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
-        out: list[Path] = []
-        for root in roots:
-            out += sorted(p for p in (root / "nvidia").glob("*/include") if p.is_dir())
-        return out
+        return self._nvidia_dirs("include")
 
     def nvidia_lib_dirs(self) -> list[Path]:
+        return self._nvidia_dirs("lib")
+
+    def _nvidia_dirs(self, kind: str) -> list[Path]:
+        """site-packages/nvidia/*/<kind> of this env, then of its base (an overlay's)."""
         roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
-        out: list[Path] = []
-        for root in roots:
-            out += sorted(p for p in (root / "nvidia").glob("*/lib") if p.is_dir())
-        return out
+        return [p for root in roots for p in sorted((root / "nvidia").glob(f"*/{kind}")) if p.is_dir()]
 
     def torch_lib_dir(self) -> Path:
         roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
