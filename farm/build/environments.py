@@ -104,14 +104,17 @@ class TorchEnv:
     def nvidia_lib_dirs(self) -> list[Path]:
         return self._nvidia_dirs("lib")
 
+    def site_packages_roots(self) -> list[Path]:
+        """This env's site-packages, then its base's (an overlay sees the base's through a .pth)."""
+        return [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
+
     def _nvidia_dirs(self, kind: str) -> list[Path]:
         """site-packages/nvidia/*/<kind> of this env, then of its base (an overlay's)."""
-        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
-        return [p for root in roots for p in sorted((root / "nvidia").glob(f"*/{kind}")) if p.is_dir()]
+        return [p for root in self.site_packages_roots() for p in sorted((root / "nvidia").glob(f"*/{kind}"))
+                if p.is_dir()]
 
     def torch_lib_dir(self) -> Path:
-        roots = [self.site_packages] + ([_site_packages_of(self.base)] if self.base else [])
-        for root in roots:
+        for root in self.site_packages_roots():
             if (root / "torch" / "lib").is_dir():
                 return root / "torch" / "lib"
         raise EnvironmentFailed(f"no torch/lib under {self.path}")

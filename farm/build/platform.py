@@ -63,10 +63,7 @@ class LinuxPlatform:
         from farm.build.repair import repair_wheel
 
         # torch's own libraries are never grafted: the overlay's site-packages and its base's.
-        sites = [torch_env.site_packages]
-        if torch_env.base:
-            sites.append(Path(torch_env.base) / Path(torch_env.site_packages).relative_to(torch_env.path))
-        return repair_wheel(wheel, out_dir, torch_site_packages=sites, plat=plat, floor_plat=floor_plat,
+        return repair_wheel(wheel, out_dir, torch_site_packages=torch_env.site_packages_roots(), plat=plat, floor_plat=floor_plat,
                             allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name)
 
 

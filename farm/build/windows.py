@@ -382,10 +382,10 @@ class WindowsPlatform:
         if not isinstance(toolkit, WindowsToolkit):   # the toolkit step ran the Linux path: a farm bug
             raise ToolkitUnavailable(f"a Windows cell got a Linux toolkit ({toolkit.home})")
         torch_env = kw.get("torch_env")
-        scripts = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
+        bin_dirs = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
         msvc = find_msvc(self.host.environ, run=self.host.run, exists=self.host.exists)
         linux = compile_environment(**kw, base=self.host.environ)
-        return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_bin_dirs=scripts,
+        return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_bin_dirs=bin_dirs,
                                          caller=self.host.environ, isdir=self.host.isdir)
 
     def repair(self, wheel, out_dir, **_ignored):
