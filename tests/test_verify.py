@@ -292,6 +292,55 @@ def test_import_errors_fail_unless_a_device_error_is_expected(tmp_path, mod):
     assert other.failed == ["import"]
 
 
+RUNTIME_DECL = "extern int farm_runtime(void);"
+RUNTIME_BODY = "if (farm_runtime() < 0) return NULL;"
+
+
+def test_a_torch_free_wheel_finds_its_cuda_runtime_through_nvidias_wheel_beside_it(tmp_path, builder):
+    """cumm's case: a torch-free wheel needing a CUDA runtime library that no torch loads first.
+    The environment holds NVIDIA's runtime wheel as pip installs it (nvidia/cu13/lib + its RECORD);
+    the library is a stand-in with a soname of its own (this host's loader cache knows the real
+    libcudart.so.13, which would hide the failure)."""
+    import shutil
+    import subprocess
+
+    from farm.build.repair import repair_wheel
+
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True)
+    (site,) = env.glob("lib/python3*/site-packages")
+    lib = builder.helper_lib("farm_runtime", "int farm_runtime(void) { return 13; }\n",
+                             soname="libfarm_runtime.so.13")
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    shutil.copy(lib, site / "nvidia" / "cu13" / "lib" / "libfarm_runtime.so.13")
+    record = site / "nvidia_farm_runtime-13.0.96.dist-info" / "RECORD"
+    record.parent.mkdir()
+    record.write_text("nvidia/cu13/lib/libfarm_runtime.so.13,,\n")
+    so = builder.module("_probe", GENCODE_SETS["8.0"], decl=RUNTIME_DECL, body=RUNTIME_BODY,
+                        link=(f"-L{lib.parent}", "-lfarm_runtime"))
+    raw = probe_wheel(tmp_path / "raw", so)
+    torch_free = expect("8.0", requires_dist=())
+
+    # As built, the loader cannot find the library: the import check fails, as cumm's did.
+    failed_only(verify_wheel(raw, torch_free, torch_env=env), "import", "libfarm_runtime.so.13")
+
+    repaired = repair_wheel(raw, tmp_path / "out", torch_site_packages=[site], links_torch=False)
+    assert repaired.nvidia_requires == ("nvidia-farm-runtime<14,>=13.0",)
+    report = verify_wheel(repaired.wheel, torch_free, torch_env=env)
+    assert report.passed, report.lines()
+    elf = report.check("elf").details
+    assert "$ORIGIN/../nvidia/cu13/lib" in json.dumps(elf), elf
+    assert report.check("metadata").details["requires_dist"] == ["nvidia-farm-runtime<14,>=13.0"]
+    # Only a torch-free wheel may carry requirements the recipe did not list; a torch-linked wheel's
+    # NVIDIA libraries come from the user's torch.
+    linked = verify_wheel(repaired.wheel, expect("8.0", requires_dist=(), links_torch=True), skip_import=True)
+    assert "metadata" in linked.failed and "nvidia-farm-runtime" in linked.check("metadata").message
+    # A torch-linked repair adds nothing.
+    plain = repair_wheel(raw, tmp_path / "linked", torch_site_packages=[site])
+    assert plain.nvidia_requires == () and "Requires-Dist" not in zipfile.ZipFile(plain.wheel).read(
+        next(n for n in zipfile.ZipFile(plain.wheel).namelist() if n.endswith("METADATA"))).decode()
+
+
 def test_needs_driver_imports_with_a_libcuda_stub(tmp_path, builder):
     link_stub = builder.cuda_link_stub()
     so = builder.module("_probe", GENCODE_SETS["8.0"], decl=CUDA_DRIVER_DECL, body=CUDA_DRIVER_BODY,

@@ -199,6 +199,16 @@ def rewrite_metadata(text: str, version: str, requires_dist: Sequence[str] | Non
     return head + "\n\n" + body if body else head + "\n"
 
 
+def add_requires_dist(text: str, requires: Sequence[str]) -> str:
+    """METADATA text with `requires` appended as Requires-Dist fields (after the last one, else
+    at the end of the headers); every other field and the body are kept byte for byte."""
+    fields, body = _split_headers(text.replace("\r\n", "\n"))
+    last = max((i for i, f in enumerate(fields) if _field_name(f) == "requires-dist"), default=len(fields) - 1)
+    fields[last + 1:last + 1] = [[f"Requires-Dist: {r}"] for r in requires]
+    head = "\n".join("\n".join(f) for f in fields)
+    return head + "\n\n" + body if body else head + "\n"
+
+
 def rewrite_wheel_file(text: str, tags: Sequence[str], build: str | None) -> str:
     """WHEEL: Tag lines equal to the file name's tags; Build present exactly when numbered."""
     lines = [ln for ln in text.replace("\r\n", "\n").split("\n")

@@ -36,7 +36,7 @@ class BuildPlatform(Protocol):
         ...
 
     def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat: str | None, floor_plat: str | None,
-               allow_graft: Sequence[str], wheel_abi: str) -> RepairResult:
+               allow_graft: Sequence[str], wheel_abi: str, links_torch: bool) -> RepairResult:
         """The wheel made installable on its platform (design.md §6.6)."""
         ...
 
@@ -58,13 +58,14 @@ class LinuxPlatform:
 
         return compile_environment(**kw)
 
-    def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat, floor_plat, allow_graft, wheel_abi
-               ) -> RepairResult:
+    def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat, floor_plat, allow_graft, wheel_abi,
+               links_torch) -> RepairResult:
         from farm.build.repair import repair_wheel
 
         # torch's own libraries are never grafted: the overlay's site-packages and its base's.
         return repair_wheel(wheel, out_dir, torch_site_packages=torch_env.site_packages_roots(), plat=plat, floor_plat=floor_plat,
-                            allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name)
+                            allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name,
+                            links_torch=links_torch)
 
 
 def for_cell(platform: str, windows_host: WindowsHost | None = None) -> BuildPlatform:

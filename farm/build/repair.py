@@ -25,6 +25,7 @@ path); excluded libraries are not searched for, so they need not exist here.
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import io
 import json
@@ -37,11 +38,13 @@ import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from farm.errors import BadInput, RepairError
 from farm.platforms import origin_relative, plat_glibc
@@ -61,11 +64,13 @@ class RepairResult:
     excluded: tuple[str, ...] = field(default=(), repr=False)  # what --exclude received
     reason: str = ""                             # why it was not repaired, or why its tag was raised
     dropped_rpaths: dict = field(default_factory=dict)  # member -> build-machine RPATH entries removed
+    nvidia_requires: tuple[str, ...] = ()        # torch-free: Requires-Dist added on NVIDIA's runtime wheels
 
     def record(self) -> dict:
         return {
             "repaired": self.repaired, "plat": self.plat, "grafted": list(self.grafted),
             "excluded_count": len(self.excluded), "reason": self.reason, "dropped_rpaths": self.dropped_rpaths,
+            "nvidia_requires": list(self.nvidia_requires),
         }
 
 
@@ -205,6 +210,7 @@ def repair_wheel(
     wheel_abi: str = "cpython",
     platform: str | None = None,
     extra_exclude: Iterable[str] = (),
+    links_torch: bool = True,
 ) -> RepairResult:
     """Repair `wheel` into `out_dir`.
 
@@ -214,8 +220,11 @@ def repair_wheel(
     `allow_graft`: fnmatch patterns of sonames the recipe lets auditwheel copy in.
     `wheel_abi` 'pure' is not repaired; a Windows wheel (`platform` 'windows' or a win_* tag) is refused:
     farm.build.platform sends those to the Windows implementation.
+    `links_torch` False (a torch-free recipe): the NVIDIA libraries left out are then found through
+    NVIDIA's own wheels (link_nvidia_wheels), since no torch loads them first.
     """
     wheel, out_dir = Path(wheel), Path(out_dir)
+    torch_site_packages = list(torch_site_packages)
     py, abi, wplat = _wheel_parts(wheel.name)
     if wheel_abi == "pure" or wplat == "any":
         return RepairResult(wheel, False, reason="pure wheel: not repaired")
@@ -268,12 +277,13 @@ def repair_wheel(
                 "link it from the torch environment or allow it in the recipe"
             )
         dropped = drop_build_rpaths(repaired)
+        nvidia_requires = [] if links_torch else link_nvidia_wheels(repaired, torch_site_packages)
         final = out_dir / repaired.name
         os.replace(repaired, final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return RepairResult(final, True, plat=target, grafted=tuple(grafted), excluded=tuple(excluded),
-                        reason=raised_note, dropped_rpaths=dropped)
+                        reason=raised_note, dropped_rpaths=dropped, nvidia_requires=tuple(nvidia_requires))
 
 
 def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path) -> subprocess.CompletedProcess:
@@ -294,23 +304,33 @@ def _is_higher_manylinux(tag: str, than: str, arch: str) -> bool:
 # --------------------------------------------------------------------- RPATH / RUNPATH
 
 
-def elf_rpaths(data: bytes) -> list[str] | None:
-    """The RPATH and RUNPATH entries of an ELF image, or None when `data` is not ELF."""
+def _dynamic_entries(data: bytes) -> tuple[list[str], list[str]] | None:
+    """(DT_NEEDED names, RPATH and RUNPATH entries) of an ELF image, or None when `data` is not ELF."""
     if not data.startswith(b"\x7fELF"):
         return None
     try:
         elf = ELFFile(io.BytesIO(data))
+        needed: list[str] = []
         entries: list[str] = []
         for sec in elf.iter_sections():
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
-                    if tag.entry.d_tag == "DT_RPATH":
-                        entries += [p for p in tag.rpath.split(":") if p]   # type: ignore[attr-defined]  # set by pyelftools
+                    # pyelftools sets the tag's string as an attribute its class does not declare
+                    if tag.entry.d_tag == "DT_NEEDED":
+                        needed.append(tag.needed)   # type: ignore[attr-defined]
+                    elif tag.entry.d_tag == "DT_RPATH":
+                        entries += [p for p in tag.rpath.split(":") if p]   # type: ignore[attr-defined]
                     elif tag.entry.d_tag == "DT_RUNPATH":
-                        entries += [p for p in tag.runpath.split(":") if p]   # type: ignore[attr-defined]  # set by pyelftools
-        return entries
+                        entries += [p for p in tag.runpath.split(":") if p]   # type: ignore[attr-defined]
+        return needed, entries
     except ELFError:
         return None
+
+
+def elf_rpaths(data: bytes) -> list[str] | None:
+    """The RPATH and RUNPATH entries of an ELF image, or None when `data` is not ELF."""
+    found = _dynamic_entries(data)
+    return None if found is None else found[1]
 
 
 def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
@@ -341,6 +361,89 @@ def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
         members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
         write_wheel(wheel, members, dist_info)
     return dropped
+
+
+# ------------------------------------------------------- torch-free wheels: NVIDIA's runtime wheels
+
+
+@dataclass(frozen=True)
+class NvidiaLibrary:
+    """Where an environment's nvidia-* wheel installs one shared library."""
+
+    folder: str     # relative to site-packages, e.g. 'nvidia/cu13/lib'
+    project: str    # canonical name, e.g. 'nvidia-cuda-runtime'
+    version: str    # e.g. '13.0.96'
+
+    def requirement(self) -> str:
+        """Any release of the same CUDA major from this one's minor on: CUDA's minor-version
+        compatibility lets a wheel built against 13.0 run on a 13.x runtime, and a torch that
+        pins its own nvidia-* wheels of that line satisfies it as well."""
+        major, minor = (Version(self.version).release + (0,))[:2]
+        return f"{self.project}<{major + 1},>={major}.{minor}"
+
+
+def nvidia_libraries(site_packages: Iterable[Path]) -> dict[str, NvidiaLibrary]:
+    """soname -> where the environment's nvidia-* wheels install it (read from their RECORDs)."""
+    found: dict[str, NvidiaLibrary] = {}
+    for sp in site_packages:
+        for dist_info in sorted(Path(sp).glob("nvidia_*.dist-info")):
+            record = dist_info / "RECORD"
+            if not record.is_file():
+                continue
+            name, _, version = dist_info.name[: -len(".dist-info")].rpartition("-")
+            for row in csv.reader(record.read_text(encoding="utf-8").splitlines()):
+                member = Path(row[0]) if row else None
+                if member and member.parts[:1] == ("nvidia",) and _is_shared_object_name(member.name):
+                    found.setdefault(member.name, NvidiaLibrary(member.parent.as_posix(),
+                                                                canonicalize_name(name), version))
+    return found
+
+
+def _site_packages_relative(member: str) -> PurePosixPath:
+    """Where a wheel member lands relative to site-packages (`<name>.data/platlib/x` -> `x`)."""
+    parts = PurePosixPath(member).parts
+    if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("platlib", "purelib"):
+        parts = parts[2:]
+    return PurePosixPath(*parts)
+
+
+def link_nvidia_wheels(wheel: Path, site_packages: Iterable[Path]) -> list[str]:
+    """Point a torch-free wheel at NVIDIA's runtime wheels (design.md §6.6); the requirements added.
+
+    A torch-linked wheel finds libcudart, libnvrtc, ... because torch loaded them first; a
+    torch-free one imports without torch, so it must find them itself. Every ELF file that needs
+    a library the environment's nvidia-* wheels provide gets an RPATH entry from its own folder to
+    that wheel's folder (`$ORIGIN/../nvidia/cu13/lib`), and the wheel a Requires-Dist on that
+    project, so that pip installs it beside. Rewrites `wheel` in place with a fresh RECORD.
+    """
+    from farm.build.label import add_requires_dist, find_dist_info, write_wheel
+
+    libraries = nvidia_libraries(site_packages)
+    needed: dict[str, NvidiaLibrary] = {}
+    fixed: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or not _is_shared_object_name(Path(info.filename).name):
+                continue
+            data = zf.read(info)
+            found = _dynamic_entries(data)
+            libs = [libraries[n] for n in (found[0] if found else ()) if n in libraries]
+            if not found or not libs:
+                continue
+            up = "/".join([".."] * (len(_site_packages_relative(info.filename).parts) - 1))
+            entries = found[1]
+            wanted = [f"$ORIGIN/{up}/{lib.folder}" if up else f"$ORIGIN/{lib.folder}" for lib in libs]
+            fixed[info.filename] = _set_rpath(data, entries + [w for w in dict.fromkeys(wanted) if w not in entries])
+            needed.update((lib.project, lib) for lib in libs)
+        if not needed:
+            return []
+        requires = [needed[p].requirement() for p in sorted(needed)]
+        dist_info = find_dist_info(zf.namelist(), wheel.name)
+        meta = f"{dist_info}/METADATA"
+        fixed[meta] = add_requires_dist(zf.read(meta).decode("utf-8"), requires).encode("utf-8")
+        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
+        write_wheel(wheel, members, dist_info)
+    return requires
 
 
 def _set_rpath(data: bytes, keep: list[str]) -> bytes:

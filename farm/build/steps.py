@@ -217,7 +217,8 @@ class Steps:
         labelled = Path(self.state["label"]["wheel"])
         result = self.platform.repair(labelled, self.out / "repaired", torch_env=self.torch_env,
                                       plat=self.spec.plat, floor_plat=self.spec.target.plat_floor,
-                                      allow_graft=self.recipe.allow_graft, wheel_abi=self.cell.wheel_abi)
+                                      allow_graft=self.recipe.allow_graft, wheel_abi=self.cell.wheel_abi,
+                                      links_torch=self.cell.links_torch)
         platform_tag = Path(result.wheel).name[:-len(".whl")].split("-")[-1]
         return {**result.record(), "wheel": str(result.wheel), "plat_tag": platform_tag}
 

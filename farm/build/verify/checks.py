@@ -19,7 +19,7 @@ from farm.arch.fatbin import FatbinReport, read_fatbin
 from farm.build.label import TORCH_FAMILY
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
-from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag
+from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag, names_nvidia_wheel
 from farm.errors import FatbinError
 from farm.platforms import from_wheel_platform_tag, lane, origin_relative
 from farm.recipes.model import Verify as VerifyKnobs
@@ -146,6 +146,8 @@ def check_metadata(w: Wheel, exp: Expectation) -> CheckResult:
                         f"torch from PyPI over the user's CUDA build")
     if exp.requires_dist is not None:
         miss, extra = _requires_diff(exp.requires_dist, requires)
+        if not exp.links_torch:   # the repair step's requirements on NVIDIA's runtime wheels (design.md §6.6)
+            extra = [r for r in extra if not names_nvidia_wheel(r)]
         if miss or extra:
             problems.append("Requires-Dist differs from the recipe's requires_dist"
                             + (f"; missing {miss}" if miss else "") + (f"; unexpected {extra}" if extra else ""))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
-from farm.build.verify.wheel import Wheel
+from farm.build.verify.wheel import Wheel, names_nvidia_wheel
 from farm.errors import GateCannotRun
 from farm.process import run
 from farm.recipes.model import Verify as VerifyKnobs
@@ -213,6 +213,16 @@ def install_into(wheel: Path, target: Path, python: Path) -> str | None:
     return None
 
 
+def _nvidia_wheels_beside(w: Wheel, target: Path, torch_env: TorchEnv | None) -> None:
+    """A torch-free wheel's Requires-Dist on nvidia-* wheels met as pip meets them, beside it: the
+    cell's environment holds those wheels (torch needs the same ones), so its `nvidia/` folder is
+    linked into the target, where the wheel's RPATH looks for them (design.md §6.6)."""
+    if torch_env is None or not torch_env.nvidia_dirs or (target / "nvidia").exists():
+        return
+    if any(names_nvidia_wheel(r) for r in w.requires_dist()):
+        (target / "nvidia").symlink_to(torch_env.nvidia_dirs[0], target_is_directory=True)
+
+
 def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None,
                  started: ImportChild | None = None) -> CheckResult:
     """design.md §7.7. `started`: a child started earlier (see ImportChild), used when it fits this check."""
@@ -225,6 +235,8 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     installed = install_into(w.path, target, python)
     if installed:
         return CheckResult("import", "fail", f"installing the wheel into a target folder failed: {installed}")
+    if not exp.links_torch:
+        _nvidia_wheels_beside(w, target, torch_env)
 
     modules, skipped = _modules_to_import(w, knobs)
     if knobs.needs_driver and exp.platform == "windows":

@@ -3,12 +3,24 @@ sonames torch and its nvidia-* wheels provide (what a wheel may leave to them)."
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import GateCannotRun
 from farm.process import run
+
+_PROBE = """
+import importlib.util as u, json
+def where(name):
+    try:
+        s = u.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    return list(s.submodule_search_locations or []) if s else []
+print(json.dumps({"torch": where("torch")[:1], "nvidia": where("nvidia")}))
+"""
 
 
 @dataclass(frozen=True)
@@ -17,6 +29,7 @@ class TorchEnv:
 
     python: Path
     torch_dir: Path | None
+    nvidia_dirs: tuple[Path, ...] = ()   # its `nvidia/` folders: where NVIDIA's runtime wheels installed
 
     @staticmethod
     def python_of(where: Path) -> Path:
@@ -33,19 +46,18 @@ class TorchEnv:
     @classmethod
     def locate(cls, where: Path) -> TorchEnv:
         python = cls.python_of(where)
-        probe = run([python, "-c", "import importlib.util as u; s = u.find_spec('torch'); "
-                                   "print(list(s.submodule_search_locations)[0] if s else '')"],
-                    env=child_env_base())
+        probe = run([python, "-c", _PROBE], env=child_env_base())
         if probe.returncode != 0:
             raise GateCannotRun(f"{python}: cannot run it: {probe.stderr.strip()[-200:]}")
-        torch_dir = Path(probe.stdout.strip()) if probe.stdout.strip() else None
-        return cls(python, torch_dir)
+        found = json.loads(probe.stdout)
+        return cls(python, Path(found["torch"][0]) if found["torch"] else None,
+                   tuple(Path(p) for p in found["nvidia"]))
 
     def sonames(self) -> list[str]:
-        """Every shared library torch and its nvidia-* wheels provide (the repair step excludes the same, design.md §6.6)."""
-        if self.torch_dir is None:
-            return []
-        roots = [self.torch_dir / "lib", self.torch_dir.parent / "nvidia"]
+        """Every shared library torch and its nvidia-* wheels provide (the repair step excludes the same,
+        design.md §6.6); a torch-free environment's nvidia-* wheels count as well."""
+        roots = [self.torch_dir / "lib"] if self.torch_dir is not None else []
+        roots += list(self.nvidia_dirs)
         names = []
         for root in roots:
             if root.is_dir():

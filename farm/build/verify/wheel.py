@@ -25,8 +25,15 @@ from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from elftools.elf.sections import SymbolTableSection
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, parse_tag
-from packaging.utils import BuildTag, InvalidWheelFilename, NormalizedName, parse_wheel_filename
+from packaging.utils import (
+    BuildTag,
+    InvalidWheelFilename,
+    NormalizedName,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import shorten
@@ -112,6 +119,14 @@ def _elf_facts(path: Path) -> ElfFacts:
                          tuple(driver_syms))
 
 
+def names_nvidia_wheel(requirement: str) -> bool:
+    """Whether a Requires-Dist line names one of NVIDIA's runtime wheels (nvidia-cuda-runtime, ...)."""
+    try:
+        return canonicalize_name(Requirement(requirement).name).startswith("nvidia-")
+    except InvalidRequirement:
+        return False
+
+
 class Wheel:
     """The wheel opened once: its zip, its parsed name, its binaries extracted to a temp dir."""
 
@@ -150,6 +165,14 @@ class Wheel:
     def read(self, member: str) -> bytes:
         assert self.zip is not None
         return self.zip.read(member)
+
+    def requires_dist(self) -> list[str]:
+        """Its METADATA's Requires-Dist lines ([] without one .dist-info holding a METADATA)."""
+        dist_info = self.dist_info()
+        if len(dist_info) != 1 or f"{dist_info[0]}/METADATA" not in self.members:
+            return []
+        meta = email.parser.BytesParser().parsebytes(self.read(f"{dist_info[0]}/METADATA"))
+        return [str(r) for r in meta.get_all("Requires-Dist") or []]
 
     def open(self, member: str) -> IO[bytes]:
         assert self.zip is not None
