@@ -69,3 +69,12 @@ def test_the_table_and_a_block_record_name_the_recipes_own_cell(folder, tmp_path
     assert "| nopy312-cu130-torch2.11-py313 |" in rows["nopy312"] and "not built yet" in rows["nopy312"]
     assert "| stops-cu130-torch2.11-py312 |" in rows["stops"]
     assert "| plain-cu130-torch2.13-py312 |" in rows["plain"]
+
+
+@pytest.mark.parametrize("args, key", [(["--arch", "9.0a"], "--arch"), (["--tier", "flags", "--arch", "9.0a"], "--arch"),
+                                       (["--tier", "smoke", "--for", "5"], "--for")])
+def test_rebuild_refuses_a_knob_of_another_tier_before_building(folder, args, key):
+    res = run_farm("recipes", "rebuild", "plain", *args, env={"FARM_RECIPES": str(folder)}, timeout=120)
+    assert res.returncode == 2 and res.stdout == "", res
+    (line,) = res.stderr.strip().splitlines()
+    assert key in line and "farm recipes rebuild" in line

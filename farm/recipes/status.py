@@ -322,6 +322,7 @@ def register_verbs(verbs) -> None:
     rebuild.add_argument("names", nargs="+")
     rebuild.add_argument("--tier", choices=("full", "smoke", "flags"), default="full")
     rebuild.add_argument("--for", dest="minutes", type=float, help="flags tier: minutes of compile (default 10)")
+    rebuild.add_argument("--arch", help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
     rebuild.add_argument("--runner", choices=("container", "host"), default="container")
     rebuild.set_defaults(func=rebuild_command)
 
@@ -357,6 +358,10 @@ def rebuild_command(args) -> int:
     import subprocess
     import sys
 
+    if args.arch and args.tier != "smoke":
+        raise BadInput("farm recipes rebuild", "--arch", args.arch, "only the smoke tier builds one chosen token")
+    if args.minutes and args.tier != "flags":
+        raise BadInput("farm recipes rebuild", "--for", f"{args.minutes:g}", "only the flags tier stops after a time")
     cells = [status_cell_id(_known(name)) for name in args.names]   # every name checked before building
     failed = []
     for cell in cells:
@@ -364,7 +369,7 @@ def rebuild_command(args) -> int:
         argv = [sys.executable, "-m", "farm", "build", cell, "--runner", args.runner, "--record", "--force",
                 "--no-publish", "--no-compiler-cache"]
         if args.tier == "smoke":
-            argv.append("--smoke")
+            argv += ["--smoke"] + (["--arch", args.arch] if args.arch else [])
         elif args.tier == "flags":
             argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes else [])
         print(f"$ farm {' '.join(argv[3:])}", flush=True)
