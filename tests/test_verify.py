@@ -280,6 +280,21 @@ def test_waivers_print_their_reason(tmp_path, mod):
 
 # ---------------------------------------------------------------- import details
 
+def test_a_top_level_name_the_wheel_does_not_hold_is_reported_not_imported(tmp_path, mod):
+    # cumm's case: setuptools lists an extension's first name component (`core_cc`, for the
+    # extension cumm/core_cc) in top_level.txt although no such top-level module is shipped.
+    wheel = probe_wheel(tmp_path / "ghost", mod["8.0"], top_level=("_ghost_cc", "probe"))
+    report = verify_wheel(wheel, expect("8.0"))
+    assert report.passed, report.lines()
+    check = report.check("import")
+    assert check.details["modules"] == ["probe", "probe._probe"]
+    assert check.details["top_level_absent"] == ["_ghost_cc"] and "_ghost_cc" in check.message
+    # A listed name the wheel does hold is still imported, and its failure still fails the check.
+    broken = probe_wheel(tmp_path / "broken", mod["8.0"], top_level=("_ghost_cc", "probe"),
+                         extra={"_ghost_cc.py": b"raise ImportError('a real top-level module that breaks')\n"})
+    failed_only(verify_wheel(broken, expect("8.0")), "import", "_ghost_cc", "breaks")
+
+
 def test_import_errors_fail_unless_a_device_error_is_expected(tmp_path, mod):
     raising = {"probe/__init__.py": b"raise RuntimeError('CUDA driver initialization failed: no device')\n"}
     wheel = probe_wheel(tmp_path, mod["8.0"], extra=raising)

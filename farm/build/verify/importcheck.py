@@ -41,14 +41,29 @@ def _module_name(member: str) -> str | None:
     return ".".join(parts)
 
 
-def _top_level(w: Wheel) -> list[str]:
+def _installed_paths(w: Wheel) -> list[str]:
+    """The wheel's members as installed below site-packages (`<name>.data/platlib/x` -> `x`)."""
+    return [re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", m) for m in w.members]
+
+
+def _provides(paths: list[str], name: str) -> bool:
+    """Whether the installed paths hold module `name` (a package folder, a .py, a compiled module)."""
+    base = name.replace(".", "/")
+    return any(p.startswith(base + "/") or p == base + ".py" or re.fullmatch(re.escape(base) + r"\.[^/]*(so|pyd)", p)
+               for p in paths)
+
+
+def _top_level(w: Wheel) -> tuple[list[str], list[str]]:
+    """(top-level modules, names top_level.txt lists that the wheel does not hold). Build backends
+    write an extension's first name component there even when the extension sits in a package
+    (cumm lists `core_cc` for cumm/core_cc.so): such a name is no module of this wheel."""
     dist_info = w.dist_info()
+    paths = _installed_paths(w)
     if dist_info and f"{dist_info[0]}/top_level.txt" in w.members:
-        names = w.read(f"{dist_info[0]}/top_level.txt").decode().split()
-        return [n.replace("/", ".") for n in names if n]
+        names = [n.replace("/", ".") for n in w.read(f"{dist_info[0]}/top_level.txt").decode().split() if n]
+        return [n for n in names if _provides(paths, n)], [n for n in names if not _provides(paths, n)]
     tops = set()
-    for m in w.members:
-        m = re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", m)
+    for m in paths:
         first = m.split("/", 1)[0]
         if first.endswith((".dist-info", ".data")):
             continue
@@ -56,7 +71,7 @@ def _top_level(w: Wheel) -> list[str]:
             tops.add(first)
         elif m.endswith(".py") and m[:-3].isidentifier():
             tops.add(m[:-3])
-    return sorted(tops)
+    return sorted(tops), []
 
 
 def _no_direct(member: str, module: str, patterns: Iterable[str]) -> bool:
@@ -238,7 +253,7 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     if not exp.links_torch:
         _nvidia_wheels_beside(w, target, torch_env)
 
-    modules, skipped = _modules_to_import(w, knobs)
+    modules, skipped, absent = _modules_to_import(w, knobs)
     if knobs.needs_driver and exp.platform == "windows":
         raise GateCannotRun("verify.needs_driver: the driver stub the import check loads is a Linux libcuda.so; "
                             "a Windows wheel's import would need the host's nvcuda.dll, which a build host lacks")
@@ -254,7 +269,7 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     events = [json.loads(ln[len("FARM-IMPORT "):]) for ln in stdout.splitlines()
               if ln.startswith("FARM-IMPORT ")]
     details = {"python": str(python), "modules": modules, "not_imported_directly": skipped,
-               "events": events, "stderr_tail": stderr.strip().splitlines()[-10:]}
+               "top_level_absent": absent, "events": events, "stderr_tail": stderr.strip().splitlines()[-10:]}
     torch_error = next((e["error"] for e in events if e["module"] == "torch" and e["event"] == "error"), None)
     if torch_error:
         raise GateCannotRun(f"torch does not import in {python}: {torch_error}")
@@ -267,7 +282,8 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
         return CheckResult("import", "pass", f"imported {len(imported)} module(s); device errors forgiven "
                                              f"(verify.expect_device_error): {'; '.join(forgiven)}", details)
     ok = f"imported {', '.join(imported) or 'nothing'} with CUDA_VISIBLE_DEVICES=''" + (
-        f"; not imported directly (verify.no_direct_import): {', '.join(skipped)}" if skipped else "")
+        f"; not imported directly (verify.no_direct_import): {', '.join(skipped)}" if skipped else "") + (
+        f"; named in top_level.txt but not in the wheel: {', '.join(absent)}" if absent else "")
     return CheckResult.of("import", problems, [], ok, details)
 
 
@@ -288,11 +304,13 @@ def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     return python
 
 
-def _modules_to_import(w: Wheel, knobs: VerifyKnobs) -> tuple[list[str], list[str]]:
-    """(modules to import, compiled modules verify.no_direct_import keeps out): the top-level names
-    (or verify.import_names) and extra_imports first, then every compiled module of the wheel."""
+def _modules_to_import(w: Wheel, knobs: VerifyKnobs) -> tuple[list[str], list[str], list[str]]:
+    """(modules to import, compiled modules verify.no_direct_import keeps out, top_level.txt names the
+    wheel does not hold): the top-level names (or verify.import_names) and extra_imports first, then
+    every compiled module of the wheel."""
     modules: list[str] = []
-    for name in list(knobs.import_names or _top_level(w)) + list(knobs.extra_imports):
+    tops, absent = (list(knobs.import_names), []) if knobs.import_names else _top_level(w)
+    for name in tops + list(knobs.extra_imports):
         if name not in modules:
             modules.append(name)
     skipped = []
@@ -304,7 +322,7 @@ def _modules_to_import(w: Wheel, knobs: VerifyKnobs) -> tuple[list[str], list[st
             skipped.append(mod)
         else:
             modules.append(mod)
-    return modules, skipped
+    return modules, skipped, absent
 
 
 def _event_problems(events: list[dict], expect_device_error: bool | str) -> tuple[list[str], list[str]]:
