@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -341,26 +341,34 @@ def drop_build_rpaths(wheel: Path) -> dict[str, list[str]]:
     `-Wl,-rpath,<prefix>/lib` into LDSHARED, CMake builds leave their build folders. On a user's
     machine they name folders that do not exist (or, worse, that hold other libraries).
     """
-    from farm.build.label import find_dist_info, write_wheel
-
     dropped: dict[str, list[str]] = {}
     fixed: dict[str, bytes] = {}
     with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            if info.is_dir() or not _is_shared_object_name(Path(info.filename).name):
-                continue
-            data = zf.read(info)
+        for member, data in _shared_objects(zf):
             entries = elf_rpaths(data)
             foreign = [e for e in entries or () if not origin_relative(e)]
             if foreign:
-                dropped[info.filename] = foreign
-                fixed[info.filename] = _set_rpath(data, [e for e in entries or () if origin_relative(e)])
+                dropped[member] = foreign
+                fixed[member] = _set_rpath(data, [e for e in entries or () if origin_relative(e)])
         if not fixed:
             return {}
-        dist_info = find_dist_info(zf.namelist(), wheel.name)
-        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
-        write_wheel(wheel, members, dist_info)
+        _rewrite_wheel(wheel, zf, fixed)
     return dropped
+
+
+def _shared_objects(zf: zipfile.ZipFile) -> Iterator[tuple[str, bytes]]:
+    """(member, bytes) of every shared object (extension modules included) of an open wheel."""
+    for info in zf.infolist():
+        if not info.is_dir() and _is_shared_object_name(Path(info.filename).name):
+            yield info.filename, zf.read(info)
+
+
+def _rewrite_wheel(wheel: Path, zf: zipfile.ZipFile, replaced: dict[str, bytes]) -> None:
+    """Write `wheel` (open as `zf`) anew with the members in `replaced` swapped and a fresh RECORD."""
+    from farm.build.label import find_dist_info, write_wheel
+
+    members = ((i, i.filename, replaced.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
+    write_wheel(wheel, members, find_dist_info(zf.namelist(), wheel.name))
 
 
 # ------------------------------------------------------- torch-free wheels: NVIDIA's runtime wheels
@@ -416,33 +424,28 @@ def link_nvidia_wheels(wheel: Path, site_packages: Iterable[Path]) -> list[str]:
     that wheel's folder (`$ORIGIN/../nvidia/cu13/lib`), and the wheel a Requires-Dist on that
     project, so that pip installs it beside. Rewrites `wheel` in place with a fresh RECORD.
     """
-    from farm.build.label import add_requires_dist, find_dist_info, write_wheel
+    from farm.build.label import add_requires_dist, find_dist_info
 
     libraries = nvidia_libraries(site_packages)
     needed: dict[str, NvidiaLibrary] = {}
     fixed: dict[str, bytes] = {}
     with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            if info.is_dir() or not _is_shared_object_name(Path(info.filename).name):
-                continue
-            data = zf.read(info)
+        for member, data in _shared_objects(zf):
             found = _dynamic_entries(data)
             libs = [libraries[n] for n in (found[0] if found else ()) if n in libraries]
             if not found or not libs:
                 continue
-            up = "/".join([".."] * (len(_site_packages_relative(info.filename).parts) - 1))
+            up = "/".join([".."] * (len(_site_packages_relative(member).parts) - 1))
             entries = found[1]
             wanted = [f"$ORIGIN/{up}/{lib.folder}" if up else f"$ORIGIN/{lib.folder}" for lib in libs]
-            fixed[info.filename] = _set_rpath(data, entries + [w for w in dict.fromkeys(wanted) if w not in entries])
+            fixed[member] = _set_rpath(data, entries + [w for w in dict.fromkeys(wanted) if w not in entries])
             needed.update((lib.project, lib) for lib in libs)
         if not needed:
             return []
         requires = [needed[p].requirement() for p in sorted(needed)]
-        dist_info = find_dist_info(zf.namelist(), wheel.name)
-        meta = f"{dist_info}/METADATA"
+        meta = f"{find_dist_info(zf.namelist(), wheel.name)}/METADATA"
         fixed[meta] = add_requires_dist(zf.read(meta).decode("utf-8"), requires).encode("utf-8")
-        members = ((i, i.filename, fixed.get(i.filename) or zf.read(i)) for i in zf.infolist() if not i.is_dir())
-        write_wheel(wheel, members, dist_info)
+        _rewrite_wheel(wheel, zf, fixed)
     return requires
 
 
