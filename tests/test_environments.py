@@ -75,6 +75,23 @@ def test_a_project_with_only_an_sdist_is_built_into_a_pure_wheel_here_and_resolv
     assert again.files == got.files   # from the manifest
 
 
+def test_dependencies_whose_markers_hold_only_on_the_target_python_are_downloaded_too(tmp_path):
+    # scikit-build-core needs tomli and exceptiongroup below Python 3.11; pip, running on this
+    # interpreter, decides that marker for itself even with --python-version (llama_cpp_python's
+    # py3.10 cell failed its offline install for want of them).
+    older = D.download(["scikit-build-core==1.1.2"], python="3.10", platform="linux", root=tmp_path)
+    names = [f.name for f in older.files]
+    assert any(n.startswith("tomli-") for n in names) and any(n.startswith("exceptiongroup-") for n in names), names
+    assert D.unmet_for_target(list(older.files), "3.10", "linux") == []
+    newer = D.download(["scikit-build-core==1.1.2"], python="3.12", platform="linux", root=tmp_path)
+    assert not any(f.name.startswith(("tomli-", "exceptiongroup-")) for f in newer.files)
+    # the marker decision itself, for the target and not for this interpreter
+    sbc = next(f for f in older.files if f.name.startswith("scikit_build_core-"))
+    assert {r.split(">")[0].split("=")[0] for r in D.unmet_for_target([sbc], "3.10", "linux")} >= {"exceptiongroup",
+                                                                                                  "tomli"}
+    assert not any(r.startswith(("tomli", "exceptiongroup")) for r in D.unmet_for_target([sbc], "3.13", "linux"))
+
+
 def test_only_a_pure_python_wheel_built_from_an_sdist_is_taken():
     assert D._pure("fvcore-0.1.5.post20221221-py3-none-any.whl")
     assert D._pure("six-1.17.0-py2.py3-none-any.whl")

@@ -185,15 +185,24 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
             log(f"downloads: {missing} has no wheel; built {wheel.name} from its sdist")
             if "--find-links" not in cmd:
                 cmd[cmd.index("-d"):cmd.index("-d")] = ["--find-links", str(dl_dir / FROM_SDIST)]
-        if cfile:
-            cfile.unlink(missing_ok=True)
-        if proc.returncode != 0:
-            tail = last_useful_lines(proc.stderr or proc.stdout, 3, skip=lambda ln: ln.startswith("[notice]"))
-            raise DownloadFailed(f"pip download {' '.join(requirements)} for Python {python} {platform} "
-                                 f"from {index.url} failed: {' | '.join(tail)}")
-        names = sorted({Path(m.group(1)).name for ln in proc.stdout.splitlines() if (m := _SAVED.match(ln))})
+        _raise_unless_done(proc, requirements, python, platform, index)
+        names = _saved(proc.stdout)
         if not names:
             raise DownloadFailed(f"pip download {' '.join(requirements)} reported no wheel files")
+        # pip evaluates the markers of dependencies for the interpreter it runs on, not for
+        # --python-version: a 3.10 target misses `tomli; python_version < "3.11"` when pip runs on
+        # 3.11. Download what the target's markers add until nothing is missing.
+        prefix = cmd[:len(cmd) - len(requirements)]
+        for _ in range(MAX_MARKER_ROUNDS):
+            unmet = unmet_for_target([dl_dir / n for n in names], python, platform)
+            if no_deps or not unmet:
+                break
+            log(f"downloads: {' '.join(unmet)}: required on Python {python} by markers pip decided for this interpreter")
+            proc = stream(prefix + unmet, DownloadProgress(), env=isolated_pip_env())
+            _raise_unless_done(proc, unmet, python, platform, index)
+            names = sorted(set(names) | set(_saved(proc.stdout)))
+        if cfile:
+            cfile.unlink(missing_ok=True)
         write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
                                            "python": python, "platform": platform, "glibc": glibc,
                                            "index": index.url, "files": names, "built_from_sdist": built,
@@ -203,6 +212,62 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
     enforce_budget(root, log=log)
     log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
     return result
+
+
+def _saved(stdout: str) -> list[str]:
+    """The wheel files a pip download run saved or found already there."""
+    return sorted({Path(m.group(1)).name for ln in stdout.splitlines() if (m := _SAVED.match(ln))})
+
+
+def _raise_unless_done(proc, requirements, python: str, platform: str, index: Index) -> None:
+    if proc.returncode != 0:
+        tail = last_useful_lines(proc.stderr or proc.stdout, 3, skip=lambda ln: ln.startswith("[notice]"))
+        raise DownloadFailed(f"pip download {' '.join(requirements)} for Python {python} {platform} "
+                             f"from {index.url} failed: {' | '.join(tail)}")
+
+
+MAX_MARKER_ROUNDS = 4   # each round adds one level of marker-only dependencies (tomli, then its own, ...)
+
+
+def target_markers(python: str, platform: str) -> dict[str, str]:
+    """The PEP 508 marker environment of a CPython `python` on a Linux `platform` (not this interpreter's)."""
+    full = python if python.count(".") >= 2 else f"{python}.0"
+    return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
+            "implementation_name": "cpython", "implementation_version": full,
+            "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+            "os_name": "posix", "platform_machine": machine(platform), "platform_release": "",
+            "platform_version": "", "extra": ""}
+
+
+def unmet_for_target(wheels: list[Path], python: str, platform: str) -> list[str]:
+    """Requirements of `wheels` whose markers hold on the target but that no wheel among them meets
+    by name (what pip left out, deciding the markers for the interpreter it runs on)."""
+    import email.parser
+    import zipfile
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    env = target_markers(python, platform)
+    have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
+    unmet: dict[str, str] = {}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+            if meta is None:
+                continue
+            fields = email.parser.BytesParser().parsebytes(zf.read(meta))
+        for line in fields.get_all("Requires-Dist") or []:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            name = canonicalize_name(req.name)
+            if name in have or name in unmet or (req.marker is not None and not req.marker.evaluate(env)):
+                continue
+            req.marker = None
+            unmet[name] = str(req)
+    return sorted(unmet.values())
 
 
 FROM_SDIST = "from-sdist"
