@@ -250,7 +250,10 @@ def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 36
     if log:
         log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")
     if proc.returncode != 0:
-        tail = last_useful_lines(proc.stderr + proc.stdout, 4, skip=lambda ln: "[notice]" in ln)
+        # pip's resolver chatter ("INFO: pip is looking at multiple versions ...") goes to stdout,
+        # after its ERROR lines on stderr: it would push the reason out of the tail.
+        tail = last_useful_lines(proc.stderr + proc.stdout, 4,
+                                 skip=lambda ln: "[notice]" in ln or ln.startswith("INFO: pip is looking"))
         raise EnvironmentFailed(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
     return proc
 
