@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -238,3 +239,14 @@ def test_overlay_installs_build_requires_farm_wheels_without_their_deps_keyed_by
     assert second[0].name in str(err.value) and second[1][:12] in str(err.value)
     left = sorted(p.name for p in (root / "overlays").iterdir() if p.is_dir())
     assert len(left) == 2 and overlay.path.name in left                   # the refused one left nothing behind
+
+
+def test_a_failed_install_names_pips_error_not_its_resolver_chatter():
+    script = ("import sys; print('ERROR: Cannot install numpy==2.2.6 because these package versions have "
+              "conflicting dependencies.', file=sys.stderr); "
+              "[print(f'INFO: pip is looking at multiple versions of {n} to determine which version is compatible "
+              "with other requirements. This could take a while.') for n in ('numpy', 'cmake', 'ninja', 'tomli')]; "
+              "sys.exit(1)")
+    with pytest.raises(EnvironmentFailed) as err:
+        E._run([sys.executable, "-c", script], None, "installing build_deps")
+    assert "ERROR: Cannot install numpy==2.2.6" in str(err.value) and "INFO:" not in str(err.value)
