@@ -229,6 +229,10 @@ def test_overlay_installs_build_requires_farm_wheels_without_their_deps_keyed_by
     assert answer == "41" and torch_file.startswith(str(base_env.site_packages))
     base_sees = subprocess.run([str(base_env.python), "-c", "import farm_dep"], capture_output=True, text=True)
     assert base_sees.returncode != 0                                      # the base stays as it was
+    # NVIDIA's runtime wheels sit beside the farm wheels, where a torch-free one's RPATH looks for them
+    beside = overlay.site_packages / "nvidia"
+    assert beside.is_symlink() and beside.resolve() == (base_env.site_packages / "nvidia").resolve()
+    assert (beside / "cu13" / "lib" / "libcudart.so.13").is_file()
 
     second = dep_wheel(tmp_path / "b", 42)                                # a rebuilt dependency: its own overlay
     assert E.overlay_environment(base_env, [], farm_wheels=[second], req=REQ, root=root).path != overlay.path

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from farm.build import progress
 from farm.errors import DownloadFailed, FarmError
+from farm.platforms import marker_environment
 from farm.process import last_useful_lines, stream
 from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.settings import cache_dir
@@ -229,16 +230,6 @@ def _raise_unless_done(proc, requirements, python: str, platform: str, index: In
 MAX_MARKER_ROUNDS = 4   # each round adds one level of marker-only dependencies (tomli, then its own, ...)
 
 
-def target_markers(python: str, platform: str) -> dict[str, str]:
-    """The PEP 508 marker environment of a CPython `python` on a Linux `platform` (not this interpreter's)."""
-    full = python if python.count(".") >= 2 else f"{python}.0"
-    return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
-            "implementation_name": "cpython", "implementation_version": full,
-            "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
-            "os_name": "posix", "platform_machine": machine(platform), "platform_release": "",
-            "platform_version": "", "extra": ""}
-
-
 def unmet_for_target(wheels: list[Path], python: str, platform: str) -> list[str]:
     """Requirements of `wheels` whose markers hold on the target but that no wheel among them meets
     by name (what pip left out, deciding the markers for the interpreter it runs on)."""
@@ -248,7 +239,7 @@ def unmet_for_target(wheels: list[Path], python: str, platform: str) -> list[str
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    env = target_markers(python, platform)
+    env = {**marker_environment(platform, ".".join(python.split(".")[:2])), "extra": ""}
     have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
     unmet: dict[str, str] = {}
     for wheel in wheels:

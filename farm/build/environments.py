@@ -370,7 +370,8 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
     log = log or (lambda _m: None)
     root = root or cache_dir()
     # Without farm wheels the digest is the deps' alone, so the overlays already built stay valid.
-    keyed = deps if not farm_wheels else {"build_deps": deps, "farm_wheels": sorted(sha for _, sha in farm_wheels)}
+    keyed = deps if not farm_wheels else {"build_deps": deps, "farm_wheels": sorted(sha for _, sha in farm_wheels),
+                                          "nvidia_beside": True}
     digest = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()[:12]
     key = f"{base.key}-deps-{digest}"
     entry = root / "overlays" / key
@@ -389,6 +390,11 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
         _run([base.python, "-m", "venv", "--without-pip", path], log, f"creating the overlay venv {path}")
         site = _site_packages_of(path)
         (site / "_farm_base.pth").write_text(str(base.site_packages) + "\n")
+        base_nvidia = Path(base.site_packages) / "nvidia"
+        if farm_wheels and base_nvidia.is_dir():
+            # NVIDIA's runtime wheels beside the farm wheels, as in a user's one site-packages: a
+            # torch-free farm wheel (cumm) finds libcudart through $ORIGIN/../nvidia/... (design.md §6.6)
+            (site / "nvidia").symlink_to(base_nvidia, target_is_directory=True)
         if deps and dl is not None:   # dl is None only without deps (checked above)
             with tempfile.TemporaryDirectory(prefix="farm-overlay-") as tmp:
                 links = Path(tmp) / "wheels"
