@@ -155,7 +155,8 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
     with downloads_in_use(root) as dl_dir:
         manifest = dl_dir / MANIFESTS / f"{key}.json"
         hit = load_manifest(manifest, dl_dir)
-        if hit is not None:
+        # a manifest written before the target's markers were decided may lack what they add
+        if hit is not None and (no_deps or not unmet_for_target(list(hit.files), python, platform)):
             touch(hit.files)
             log(f"downloads: cache hit for {' '.join(requirements)} ({len(hit.files)} files)")
             return hit

@@ -250,10 +250,11 @@ def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 36
     if log:
         log(f"$ {' '.join(str(c) for c in cmd)}  -> exit {proc.returncode}")
     if proc.returncode != 0:
-        # pip's resolver chatter ("INFO: pip is looking at multiple versions ...") goes to stdout,
-        # after its ERROR lines on stderr: it would push the reason out of the tail.
-        tail = last_useful_lines(proc.stderr + proc.stdout, 4,
-                                 skip=lambda ln: "[notice]" in ln or ln.startswith("INFO: pip is looking"))
+        # pip says why on stderr ("ERROR: ..."), while its progress ("Processing ...") and resolver
+        # chatter ("INFO: pip is looking at multiple versions ...") go to stdout, after it: either would
+        # push the reason out of the tail.
+        said = proc.stderr if "ERROR" in proc.stderr else proc.stderr + proc.stdout
+        tail = last_useful_lines(said, 4, skip=lambda ln: "[notice]" in ln or ln.startswith("INFO: pip is looking"))
         raise EnvironmentFailed(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
     return proc
 
