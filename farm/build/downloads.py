@@ -11,6 +11,7 @@ the target but a pure-Python sdist is built into a wheel here first (`wheel_from
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import json
 import os
@@ -20,8 +21,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from farm.build import progress
 from farm.errors import DownloadFailed, FarmError
@@ -234,12 +239,6 @@ MAX_MARKER_ROUNDS = 4   # each round adds one level of marker-only dependencies 
 def unmet_for_target(wheels: list[Path], python: str, platform: str) -> list[str]:
     """Requirements of `wheels` whose markers hold on the target but that no wheel among them meets
     by name (what pip left out, deciding the markers for the interpreter it runs on)."""
-    import email.parser
-    import zipfile
-
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name, parse_wheel_filename
-
     env = {**marker_environment(platform, ".".join(python.split(".")[:2])), "extra": ""}
     have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
     unmet: dict[str, str] = {}
