@@ -347,6 +347,11 @@ def _record_text(rows: Sequence[tuple[str, str, str]]) -> str:
     return buf.getvalue()
 
 
+def installed_path(member: str) -> str:
+    """Where a wheel member lands relative to site-packages (`<name>.data/platlib/x` -> `x`)."""
+    return re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", member)
+
+
 def read_wheel_metadata(wheel: Path) -> tuple[str, str]:
     """(METADATA text, dist-info folder) of a wheel: for checks and tests."""
     with zipfile.ZipFile(wheel) as z:

@@ -63,9 +63,9 @@ class LinuxPlatform:
         from farm.build.repair import repair_wheel
 
         # torch's own libraries are never grafted: the overlay's site-packages and its base's.
-        return repair_wheel(wheel, out_dir, torch_site_packages=torch_env.site_packages_roots(), plat=plat, floor_plat=floor_plat,
-                            allow_graft=allow_graft, wheel_abi=wheel_abi, platform=self.name,
-                            links_torch=links_torch)
+        return repair_wheel(wheel, out_dir, torch_site_packages=torch_env.site_packages_roots(), plat=plat,
+                            floor_plat=floor_plat, allow_graft=allow_graft, wheel_abi=wheel_abi,
+                            platform=self.name, links_torch=links_torch)
 
 
 def for_cell(platform: str, windows_host: WindowsHost | None = None) -> BuildPlatform:

@@ -38,7 +38,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
@@ -407,14 +407,6 @@ def nvidia_libraries(site_packages: Iterable[Path]) -> dict[str, NvidiaLibrary]:
     return found
 
 
-def _site_packages_relative(member: str) -> PurePosixPath:
-    """Where a wheel member lands relative to site-packages (`<name>.data/platlib/x` -> `x`)."""
-    parts = PurePosixPath(member).parts
-    if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("platlib", "purelib"):
-        parts = parts[2:]
-    return PurePosixPath(*parts)
-
-
 def link_nvidia_wheels(wheel: Path, site_packages: Iterable[Path]) -> list[str]:
     """Point a torch-free wheel at NVIDIA's runtime wheels (design.md §6.6); the requirements added.
 
@@ -424,7 +416,7 @@ def link_nvidia_wheels(wheel: Path, site_packages: Iterable[Path]) -> list[str]:
     that wheel's folder (`$ORIGIN/../nvidia/cu13/lib`), and the wheel a Requires-Dist on that
     project, so that pip installs it beside. Rewrites `wheel` in place with a fresh RECORD.
     """
-    from farm.build.label import add_requires_dist, find_dist_info
+    from farm.build.label import add_requires_dist, find_dist_info, installed_path
 
     libraries = nvidia_libraries(site_packages)
     needed: dict[str, NvidiaLibrary] = {}
@@ -435,7 +427,7 @@ def link_nvidia_wheels(wheel: Path, site_packages: Iterable[Path]) -> list[str]:
             libs = [libraries[n] for n in (found[0] if found else ()) if n in libraries]
             if not found or not libs:
                 continue
-            up = "/".join([".."] * (len(_site_packages_relative(member).parts) - 1))
+            up = "/".join([".."] * installed_path(member).count("/"))
             entries = found[1]
             wanted = [f"$ORIGIN/{up}/{lib.folder}" if up else f"$ORIGIN/{lib.folder}" for lib in libs]
             fixed[member] = _set_rpath(data, entries + [w for w in dict.fromkeys(wanted) if w not in entries])

@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from farm.build.label import installed_path
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
 from farm.build.verify.wheel import Wheel, names_nvidia_wheel
@@ -31,8 +32,7 @@ IMPORT_TIMEOUT = 300
 
 def _module_name(member: str) -> str | None:
     """Dotted module name of a compiled file in an importable place, else None."""
-    member = re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", member)
-    parts = member.split("/")
+    parts = installed_path(member).split("/")
     if not re.search(r"\.(so|pyd)$", parts[-1]):
         return None
     parts[-1] = parts[-1].split(".", 1)[0]
@@ -43,7 +43,7 @@ def _module_name(member: str) -> str | None:
 
 def _installed_paths(w: Wheel) -> list[str]:
     """The wheel's members as installed below site-packages (`<name>.data/platlib/x` -> `x`)."""
-    return [re.sub(r"^[^/]+\.data/(?:purelib|platlib)/", "", m) for m in w.members]
+    return [installed_path(m) for m in w.members]
 
 
 def _provides(paths: list[str], name: str) -> bool:
