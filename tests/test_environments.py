@@ -86,10 +86,15 @@ def test_dependencies_whose_markers_hold_only_on_the_target_python_are_downloade
     assert D.unmet_for_target(list(older.files), "3.10", "linux") == []
     # a manifest written before markers were decided for the target is not answered from
     stale = json.loads(older.manifest.read_text())
+    assert stale.pop("markers_decided") is True
     stale["files"] = [n for n in stale["files"] if not n.startswith(("tomli-", "exceptiongroup-"))]
     older.manifest.write_text(json.dumps(stale))
     again = D.download(["scikit-build-core==1.1.2"], python="3.10", platform="linux", root=tmp_path)
     assert sorted(again.files) == sorted(older.files)
+    # a manifest whose markers were decided is answered without opening its wheels again
+    tomli = next(f for f in again.files if f.name.startswith("tomli-"))
+    tomli.write_bytes(b"not a zip: reading it would raise")
+    assert D.download(["scikit-build-core==1.1.2"], python="3.10", platform="linux", root=tmp_path).files == again.files
     newer = D.download(["scikit-build-core==1.1.2"], python="3.12", platform="linux", root=tmp_path)
     assert not any(f.name.startswith(("tomli-", "exceptiongroup-")) for f in newer.files)
     # the marker decision itself, for the target and not for this interpreter

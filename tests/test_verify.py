@@ -356,6 +356,36 @@ def test_a_torch_free_wheel_finds_its_cuda_runtime_through_nvidias_wheel_beside_
         next(n for n in zipfile.ZipFile(plain.wheel).namelist() if n.endswith("METADATA"))).decode()
 
 
+def test_the_import_check_sees_every_nvidia_folder_of_an_overlay_env(tmp_path, builder):
+    """An overlay environment's `nvidia/` spans two site-packages (its own and its base's, through a
+    .pth): the runtime library lives only in the second, so linking the first folder alone fails."""
+    import shutil
+    import subprocess
+
+    from farm.build.repair import repair_wheel
+
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True)
+    (site,) = env.glob("lib/python3*/site-packages")
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "lib" / "libunrelated.so.13").write_bytes(b"")
+    base = tmp_path / "base-site"
+    lib = builder.helper_lib("farm_runtime", "int farm_runtime(void) { return 13; }\n",
+                             soname="libfarm_runtime.so.13")
+    (base / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    shutil.copy(lib, base / "nvidia" / "cu13" / "lib" / "libfarm_runtime.so.13")
+    (base / "nvidia_farm_runtime-13.0.96.dist-info").mkdir()
+    (base / "nvidia_farm_runtime-13.0.96.dist-info" / "RECORD").write_text("nvidia/cu13/lib/libfarm_runtime.so.13,,\n")
+    (site / "base.pth").write_text(f"{base}\n")
+    so = builder.module("_probe", GENCODE_SETS["8.0"], decl=RUNTIME_DECL, body=RUNTIME_BODY,
+                        link=(f"-L{lib.parent}", "-lfarm_runtime"))
+    repaired = repair_wheel(probe_wheel(tmp_path / "raw", so), tmp_path / "out", torch_site_packages=[site, base],
+                            links_torch=False)
+    assert repaired.nvidia_requires == ("nvidia-farm-runtime<14,>=13.0",)
+    report = verify_wheel(repaired.wheel, expect("8.0", requires_dist=()), torch_env=env)
+    assert report.passed, report.lines()
+
+
 def test_needs_driver_imports_with_a_libcuda_stub(tmp_path, builder):
     link_stub = builder.cuda_link_stub()
     so = builder.module("_probe", GENCODE_SETS["8.0"], decl=CUDA_DRIVER_DECL, body=CUDA_DRIVER_BODY,

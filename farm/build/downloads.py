@@ -120,6 +120,7 @@ class DownloadSet:
     requirements: tuple[str, ...]
     files: tuple[Path, ...]
     manifest: Path
+    markers_decided: bool = True   # False: a manifest from before the target's markers were decided
 
     def file_for(self, project: str) -> Path | None:
         norm = re.sub(r"[-_.]+", "_", project).lower()
@@ -143,7 +144,7 @@ def load_manifest(path: Path, dl_dir: Path) -> DownloadSet | None:
     files = tuple(dl_dir / name for name in data["files"])
     if not all(f.is_file() for f in files):
         return None   # some file was evicted: download again
-    return DownloadSet(tuple(data["requirements"]), files, path)
+    return DownloadSet(tuple(data["requirements"]), files, path, data.get("markers_decided", False))
 
 
 def download(requirements: list[str] | tuple[str, ...], *, python: str, platform: str, glibc: str = "2.28",
@@ -161,7 +162,8 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
         manifest = dl_dir / MANIFESTS / f"{key}.json"
         hit = load_manifest(manifest, dl_dir)
         # a manifest written before the target's markers were decided may lack what they add
-        if hit is not None and (no_deps or not unmet_for_target(list(hit.files), python, platform)):
+        if hit is not None and (no_deps or hit.markers_decided or not unmet_for_target(list(hit.files), python,
+                                                                                        platform)):
             touch(hit.files)
             log(f"downloads: cache hit for {' '.join(requirements)} ({len(hit.files)} files)")
             return hit
@@ -213,6 +215,7 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
         write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
                                            "python": python, "platform": platform, "glibc": glibc,
                                            "index": index.url, "files": names, "built_from_sdist": built,
+                                           "markers_decided": True,
                                            "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
         touch(result.files)

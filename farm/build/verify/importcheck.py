@@ -235,7 +235,26 @@ def _nvidia_wheels_beside(w: Wheel, target: Path, torch_env: TorchEnv | None) ->
     if torch_env is None or not torch_env.nvidia_dirs or (target / "nvidia").exists():
         return
     if any(names_nvidia_wheel(r) for r in w.requires_dist()):
-        (target / "nvidia").symlink_to(torch_env.nvidia_dirs[0], target_is_directory=True)
+        _link_merged(list(torch_env.nvidia_dirs), target / "nvidia")
+
+
+def _link_merged(sources: list[Path], dest: Path) -> None:
+    """`dest` as the union of the folders `sources` (an overlay's `nvidia/` and its base's): a name
+    only one of them holds is a symlink to it, a folder several hold is merged the same way below."""
+    if len(sources) == 1:
+        dest.symlink_to(sources[0], target_is_directory=True)
+        return
+    dest.mkdir()
+    names: dict[str, list[Path]] = {}
+    for source in sources:
+        for entry in sorted(source.iterdir()):
+            names.setdefault(entry.name, []).append(entry)
+    for name, entries in names.items():
+        folders = [e for e in entries if e.is_dir()]
+        if len(folders) > 1:
+            _link_merged(folders, dest / name)
+        else:
+            (dest / name).symlink_to(entries[0], target_is_directory=entries[0].is_dir())   # the first wins
 
 
 def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None,

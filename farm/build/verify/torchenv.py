@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.build.repair import torch_env_sonames
 from farm.errors import GateCannotRun
 from farm.process import run
 
@@ -54,15 +55,10 @@ class TorchEnv:
                    tuple(Path(p) for p in found["nvidia"]))
 
     def sonames(self) -> list[str]:
-        """Every shared library torch and its nvidia-* wheels provide (the repair step excludes the same,
-        design.md §6.6); a torch-free environment's nvidia-* wheels count as well."""
-        roots = [self.torch_dir / "lib"] if self.torch_dir is not None else []
-        roots += list(self.nvidia_dirs)
-        names = []
-        for root in roots:
-            if root.is_dir():
-                names += [p.name for p in root.rglob("*.so*") if p.is_file() or p.is_symlink()]
-        return names
+        """Every shared library torch and its nvidia-* wheels provide: what the repair step excludes,
+        read the same way (design.md §6.6); a torch-free environment's nvidia-* wheels count as well."""
+        homes = ([self.torch_dir] if self.torch_dir is not None else []) + list(self.nvidia_dirs)
+        return torch_env_sonames(dict.fromkeys(home.parent for home in homes))   # their site-packages
 
 
 def child_env_base() -> dict[str, str]:
