@@ -9,8 +9,11 @@ input), never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 import time
 
 from farm import settings
@@ -43,6 +46,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a `kill`, a CI job's timeout), raised where the farm is, like Ctrl-C: every `finally` runs,
+    so a build's container is removed and its compiler's process group stopped instead of left running."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    if threading.current_thread() is not threading.main_thread():   # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     mark = settings.START_MARK.get()
     if mark:  # benchmarks measure how long a caller (e.g. nox) takes to reach the farm
@@ -50,11 +74,15 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(repr(time.time()))
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)   # an argument's `type` may refuse a value in one line too
-        return int(args.func(args) or 0)
+        with _sigterm_as_interrupt():
+            args = parser.parse_args(argv)   # an argument's `type` may refuse a value in one line too
+            return int(args.func(args) or 0)
     except FarmError as exc:
         print(f"farm: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("farm: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("farm: interrupted", file=sys.stderr)
         return 130

@@ -94,6 +94,45 @@ def test_plat_below_the_image_glibc_is_refused_with_one_line(tmp_path):
     assert not out.exists() or not list(out.rglob("*.whl"))
 
 
+def _containers_mounting(folder: Path) -> list[str]:
+    """Containers (running or not) with a mount from inside `folder`: the ones a build there made."""
+    from farm.runners.engine import ensure_engine
+
+    engine = ensure_engine()
+    ids = subprocess.run([engine.exe, "ps", "-aq"], capture_output=True, text=True).stdout.split()
+    sources = {i: subprocess.run([engine.exe, "inspect", "--format", "{{range .Mounts}}{{.Source}} {{end}}", i],
+                                 capture_output=True, text=True).stdout for i in ids}
+    return [i for i, text in sources.items() if str(folder) in text]
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_sigterm_to_farm_build_removes_its_container(tmp_path):
+    """`kill` of a container build (a CI job's timeout does the same): the farm ends with 143 and its
+    container goes with it, instead of compiling on with every core."""
+    import signal
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "build", CELL, "--runner", "container", "--force",
+                             "--no-publish", "--no-compiler-cache", "--out", str(out)], cwd=PROJECT,
+                            env={**os.environ, "FARM_WHEELHOUSE": str(tmp_path / "house")},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not _containers_mounting(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert proc.poll() is None and _containers_mounting(tmp_path), "the build never started its container"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "farm: terminated", err[-2000:]
+    assert _containers_mounting(tmp_path) == []
+
+
 # ---------------------------------------------------------------- failure cases: one line, no wheel
 
 def git(*args, cwd):
