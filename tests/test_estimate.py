@@ -96,8 +96,8 @@ def test_without_a_full_cold_record_the_default_is_used_and_named(tmp_path):
     _record(records, "cumesh", tier="blocked", reason="needs a patch")
     one = ("--cuda", "13.0", "--torch", "2.13", "--python", "3.12", "--platform", "linux")
     data = estimate_json("--package", "diso", "--package", "flash_attn", "--package", "fused_ssim",
-                         "--package", "cumesh", "--package", "o_voxel_vb", *one, records=records)
-    for package in ("diso", "flash_attn", "fused_ssim", "cumesh", "o_voxel_vb"):
+                         "--package", "cumesh", "--package", "o_voxel", *one, records=records)
+    for package in ("diso", "flash_attn", "fused_ssim", "cumesh", "o_voxel"):
         assert line(data, package, "linux")["source"] == "default", package
     # diso: its full record was a warm rebuild (cache hits), so its timeout of 10 min / 3 on 2 cores
     diso = line(data, "diso", "linux")
@@ -110,10 +110,10 @@ def test_without_a_full_cold_record_the_default_is_used_and_named(tmp_path):
     assert flash["wall_hours"] == pytest.approx(20000 / HOUR, abs=1e-4)
     assert flash["cpu_hours"] == pytest.approx(2 * 20000 / HOUR, abs=1e-4)
     assert flash["basis"].startswith("flags record: at least 333.3 min")
-    # a smoke record says nothing of the whole list; o_voxel_vb has neither a record nor a timeout (yet)
+    # a smoke record says nothing of the whole list; o_voxel has neither a record here nor a timeout
     assert line(data, "fused_ssim", "linux")["basis"] == "timeout 15 min / 3 (smoke record of 30 s)"
     assert line(data, "cumesh", "linux")["basis"] == f"default {DEFAULT_CELL_MINUTES:g} min (blocked record)"
-    unmeasured = line(data, "o_voxel_vb", "linux")
+    unmeasured = line(data, "o_voxel", "linux")
     assert unmeasured["wall_hours"] == pytest.approx(DEFAULT_CELL_MINUTES / 60, abs=1e-4)
     assert unmeasured["basis"] == f"default {DEFAULT_CELL_MINUTES:g} min"
 
