@@ -129,7 +129,7 @@ def test_sigterm_to_farm_build_removes_its_container(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "farm: terminated", err[-2000:]
+    assert proc.returncode == 143 and err.strip().splitlines()[-1:] == ["farm: terminated"], err[-2000:]
     assert _containers_mounting(tmp_path) == []
 
 
