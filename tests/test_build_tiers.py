@@ -138,19 +138,21 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     (src / "hardcoded" / "__init__.py").write_text("")
     (src / "setup.py").write_text(HARDCODED_SETUP)
     (src / "k.cu").write_text(KERNEL)
+    # the waiver forgives two of the missing tokens, as the gate would: they are waived, not missing
     (recipes / "hardcoded.yml").write_text(
         f"name: hardcoded\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
-        "min_torch: '2.13'\n")
+        "min_torch: '2.13'\nverify:\n  allow_missing_archs:\n    x86: {archs: '7.5 8.0', reason: test}\n")
     out = tmp_path / "out"
     res = build(recipes, out, "hardcoded-cu130-torch2.13-py311", "--flags-only", "--for", "1", "--record")
     assert res.returncode == 0, res.stderr + res.stdout
     # torch's CUDAExtension drops TORCH_CUDA_ARCH_LIST once a source names its own -gencode: the whole
     # list goes missing, which is what the flags tier is there to catch.
-    missing = ["sm_75", "sm_80", "sm_86", "compute_90", "sm_90", "sm_100", "compute_120", "sm_120"]
+    missing = ["sm_86", "compute_90", "sm_90", "sm_100", "compute_120", "sm_120"]
     assert (f"flags verified, not built: sm_89 across 1 nvcc invocation(s): differs from the cell's list "
             f"{DEMO_LIST} (missing {' '.join(missing)}; extra sm_89)") in res.stdout
     flags = json.loads((recipes / "records" / "hardcoded.json").read_text())["flags"]
     assert not flags["equal"] and flags["extra"] == ["sm_89"] and flags["missing"] == missing
+    assert flags["waived"] == ["sm_75", "sm_80"]
     assert flags["calls_differing"] == flags["compiling_invocations"] == 1
     assert flags["objects_total"] == 1
     if not flags["stopped"]:   # the one object finished inside the minute: its CPU time is the sample
@@ -159,7 +161,7 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     table = run_farm("recipes", "status", "--out", str(tmp_path / "status.md"), env={"FARM_RECIPES": str(recipes)})
     assert table.returncode == 0, table.stderr
     row = next(ln for ln in (tmp_path / "status.md").read_text().splitlines() if ln.startswith("| hardcoded "))
-    assert "| flags |" in row and "flags differ: missing sm_75" in row and "; extra sm_89 |" in row
+    assert "| flags |" in row and "flags differ: missing sm_86" in row and "; extra sm_89 |" in row
 
 
 @pytest.mark.slow

@@ -153,6 +153,16 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     assert "missing sm_100; extra sm_89" in flags_summary(report)
     exact = flags_report([["-c", "x.cu", "-gencode=arch=compute_80,code=sm_80"]], ArchList.parse("8.0"))
     assert exact["equal"] and "equal to the cell's list 8.0" in flags_summary(exact)
+    # what the recipe's verify.allow_missing_archs forgives is waived, as the gate would; nothing else is
+    own_gencode = [["-c", "k.cu", "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120,code=sm_120",
+                    "-gencode=arch=compute_120,code=compute_120"]]
+    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 10.0 12.0+PTX"), waived=ArchList.parse("8.0 9.0"))
+    assert waived["waived"] == ["sm_80", "sm_90"] and waived["missing"] == ["sm_100"] and not waived["equal"]
+    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 12.0+PTX"), waived=ArchList.parse("8.0 9.0"))
+    assert waived["equal"] and waived["calls_differing"] == 0
+    assert "equal to the cell's list 8.0 9.0 9.0a 12.0+PTX with sm_80 sm_90 waived" in flags_summary(waived)
+    ptx = flags_report([own_gencode[0][:4]], ArchList.parse("9.0a 12.0+PTX"), waived=ArchList.parse("12.0"))
+    assert ptx["equal"] and ptx["waived"] == ["compute_120"]
 
 
 def test_the_wrapper_samples_the_cpu_of_finished_calls_and_prices_the_cell_from_them(tmp_path):

@@ -361,9 +361,11 @@ def by_arch(names) -> list[str]:
 
 
 def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | None] | None = None,
-                 objects_total: int | None = None) -> dict:
+                 objects_total: int | None = None, waived: ArchList | None = None) -> dict:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
     PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
+    A missing target the recipe's `verify.allow_missing_archs` (`waived`) forgives is listed as waived,
+    not missing, exactly as the gate would judge the wheel (its SASS by token, its PTX by plain token).
 
     With `cpu` (per call, None: did not finish) and the compile's CUDA object count, also the sample the
     stop left: the compiling calls that finished, their mean CPU-seconds, and that mean times the object
@@ -373,13 +375,17 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
     targets = [nvcc_targets(argv) for argv in calls]
     per_call = [t for t in targets if t]
     seen = set().union(*per_call) if per_call else set()
+    forgiven = {f"sm_{t.sm}{t.variant}" for t in waived or ()} \
+        | {f"compute_{t.sm}" for t in waived or () if not t.variant}
+    waived_targets = (want - seen) & forgiven
+    want -= waived_targets
     missing, extra = want - seen, seen - want
     report = {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
               "sass": by_arch(n for n in seen if n.startswith("sm_")),
               "ptx": by_arch(n for n in seen if n.startswith("compute_")),
               "other": by_arch(n for n in seen if not n.startswith(("sm_", "compute_"))),
               "equal": bool(per_call) and not missing and not extra,
-              "missing": by_arch(missing), "extra": by_arch(extra),
+              "missing": by_arch(missing), "extra": by_arch(extra), "waived": by_arch(waived_targets),
               "calls_differing": sum(1 for t in per_call if t != want)}
     if cpu is not None:
         finished = [c for t, c in zip(targets, cpu, strict=True) if t and c is not None]
@@ -396,12 +402,18 @@ def flags_summary(report: dict) -> str:
     seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
     head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
     if report["equal"]:
-        return f"{head}: equal to the cell's list {report['expected']}{_sample_text(report)}"
+        return f"{head}: equal to the cell's list {report['expected']}{_waived_text(report)}{_sample_text(report)}"
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
     diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
             f"extra {' '.join(report['extra'])}" if report["extra"] else ""]
     return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"
+
+
+def _waived_text(report: dict) -> str:
+    """' with sm_80 sm_86 waived (verify.allow_missing_archs)': what the gate would forgive as well."""
+    waived = report.get("waived")
+    return f" with {' '.join(waived)} waived (verify.allow_missing_archs)" if waived else ""
 
 
 def _sample_text(report: dict) -> str:

@@ -148,6 +148,7 @@ class Steps:
             record_nvcc_calls,
         )
         from farm.build.compilelog import CompileWatch
+        from farm.build.verify.checks import missing_waiver
 
         self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
@@ -164,7 +165,9 @@ class Steps:
         if calls is not None:
             # ninja prints an object's line only once it finished: its total may never show before the stop
             objects = nvcc_objects(self._source_dir()) or watch.count.total
-            found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls), objects),
+            waiver = missing_waiver(self.spec.verify, self.cell.platform)
+            found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls), objects,
+                                              waived=waiver.archs if waiver else None),
                                "stopped": wheel is None}}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):

@@ -222,7 +222,8 @@ def _gate(record: dict) -> str:
         if flags.get("equal"):
             sample = f"; {flags['finished']} of {flags['objects_total']} objects finished, ~{flags['cpu_h_estimate']:g} " \
                      "CPU-h for the cell" if flags.get("cpu_h_estimate") else ""
-            return f"flags equal the list ({flags.get('compiling_invocations')} nvcc calls{sample})"
+            waived = f"{' '.join(flags['waived'])} waived; " if flags.get("waived") else ""
+            return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample})"
         parts = [f"missing {' '.join(flags['missing'])}" if flags.get("missing") else "",
                  f"extra {' '.join(flags['extra'])}" if flags.get("extra") else ""]
         return f"flags differ: {'; '.join(p for p in parts if p) or 'no nvcc call seen'}"

@@ -267,7 +267,7 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
     missing = [t for t in exp.arch_list if (t.sm, t.variant) not in sass]
     missing_ptx = [t for t in exp.arch_list if t.ptx and (t.sm, "") not in ptx]
 
-    waiver = _missing_waiver(knobs, exp.platform)
+    waiver = missing_waiver(knobs, exp.platform)
     waived_tokens: list[str] = []
     if waiver is not None:
         allowed = {(t.sm, t.variant) for t in waiver.archs}
@@ -303,7 +303,9 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
     return CheckResult.of("arches", problems, warnings, ok, details)
 
 
-def _missing_waiver(knobs: VerifyKnobs, platform: str):
+def missing_waiver(knobs: VerifyKnobs, platform: str):
+    """The recipe's `verify.allow_missing_archs` entry for `platform` (or its lane), or None; the flags
+    tier forgives the same targets (farm.build.compile.flags_report)."""
     table: Mapping = knobs.allow_missing_archs or {}
     return table.get(platform) or table.get(lane(platform))
 
