@@ -161,6 +161,13 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 12.0+PTX"), waived=ArchList.parse("8.0 9.0"))
     assert waived["equal"] and waived["calls_differing"] == 0
     assert "equal to the cell's list 8.0 9.0 9.0a 12.0+PTX with sm_80 sm_90 waived" in flags_summary(waived)
+    # CMake's compiler check compiles with the list as given, before a project rewrites it: not the wheel's
+    probe = ["-gencode=arch=compute_120,code=[compute_120,sm_120]", "-MT",
+             "CMakeFiles/cmTC_96541.dir/CMakeCUDACompilerABI.cu.o", "-x", "cu", "-c", "/cmake/CMakeCUDACompilerABI.cu"]
+    with_probe = flags_report(own_gencode + [probe], ArchList.parse("8.0 9.0 9.0a 12.0+PTX"),
+                              [30.0, 1.0], objects_total=1, waived=ArchList.parse("8.0 9.0"))
+    assert with_probe["equal"] and with_probe["compiling_invocations"] == 1 and with_probe["invocations"] == 2
+    assert with_probe["finished"] == 1 and with_probe["cpu_s_per_object"] == 30.0
     ptx = flags_report([own_gencode[0][:4]], ArchList.parse("9.0a 12.0+PTX"), waived=ArchList.parse("12.0"))
     assert ptx["equal"] and ptx["waived"] == ["compute_120"]
 

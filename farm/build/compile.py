@@ -245,6 +245,10 @@ _GENCODE = ("-gencode", "--generate-code")
 _ARCH = ("-arch", "--gpu-architecture")
 _CODE = ("-code", "--gpu-code")
 _COMPILES = {"-c", "--compile", "-dc", "--device-c", "-ptx", "--ptx", "-cubin", "--cubin", "-fatbin", "--fatbin"}
+# CMake's configure-time try_compile projects (CMakeFiles/cmTC_<hex>.dir/...): its compiler checks see
+# the CMAKE_CUDA_ARCHITECTURES the build was given, before the project rewrites it (ggml-cuda turns 120
+# into 120a), and nothing they compile reaches the wheel.
+_CONFIGURE_PROBE = re.compile(r"CMakeFiles/cmTC_[0-9a-f]+\.dir/")
 
 
 def record_nvcc_calls(env: dict[str, str], folder: Path, real_nvcc: Path | str) -> Path:
@@ -364,6 +368,7 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
                  objects_total: int | None = None, waived: ArchList | None = None) -> dict:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
     PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
+    CMake's configure probes are calls, but compile nothing of the wheel: they count as no target.
     A missing target the recipe's `verify.allow_missing_archs` (`waived`) forgives is listed as waived,
     not missing, exactly as the gate would judge the wheel (its SASS by token, its PTX by plain token).
 
@@ -372,7 +377,7 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
     count, the CPU-hours of the whole cell (the C++ objects beside them are left out: host-only passes,
     a few percent of a CUDA build)."""
     want = {f"sm_{t.sm}{t.variant}" for t in arch_list} | {f"compute_{t.sm}{t.variant}" for t in arch_list if t.ptx}
-    targets = [nvcc_targets(argv) for argv in calls]
+    targets = [set() if any(_CONFIGURE_PROBE.search(a) for a in argv) else nvcc_targets(argv) for argv in calls]
     per_call = [t for t in targets if t]
     seen = set().union(*per_call) if per_call else set()
     forgiven = {f"sm_{t.sm}{t.variant}" for t in waived or ()} \
