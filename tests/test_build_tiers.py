@@ -149,7 +149,7 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     # list goes missing, which is what the flags tier is there to catch.
     missing = ["sm_86", "compute_90", "sm_90", "sm_100", "compute_120", "sm_120"]
     assert (f"flags verified, not built: sm_89 across 1 nvcc invocation(s): differs from the cell's list "
-            f"{DEMO_LIST} (missing {' '.join(missing)}; extra sm_89)") in res.stdout
+            f"{DEMO_LIST} (missing {' '.join(missing)}; extra sm_89; sm_75 sm_80 waived)") in res.stdout
     flags = json.loads((recipes / "records" / "hardcoded.json").read_text())["flags"]
     assert not flags["equal"] and flags["extra"] == ["sm_89"] and flags["missing"] == missing
     assert flags["waived"] == ["sm_75", "sm_80"]
@@ -161,7 +161,7 @@ def test_flags_tier_reports_a_hardcoded_gencode_as_a_difference(recipes, tmp_pat
     table = run_farm("recipes", "status", "--out", str(tmp_path / "status.md"), env={"FARM_RECIPES": str(recipes)})
     assert table.returncode == 0, table.stderr
     row = next(ln for ln in (tmp_path / "status.md").read_text().splitlines() if ln.startswith("| hardcoded "))
-    assert "| flags |" in row and "flags differ: missing sm_86" in row and "; extra sm_89 |" in row
+    assert "| flags |" in row and "flags differ: missing sm_86" in row and "; extra sm_89; sm_75 sm_80 waived |" in row
 
 
 @pytest.mark.slow

@@ -158,6 +158,7 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
                     "-gencode=arch=compute_120,code=compute_120"]]
     waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 10.0 12.0+PTX"), waived=ArchList.parse("8.0 9.0"))
     assert waived["waived"] == ["sm_80", "sm_90"] and waived["missing"] == ["sm_100"] and not waived["equal"]
+    assert "(missing sm_100; sm_80 sm_90 waived)" in flags_summary(waived)
     waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 12.0+PTX"), waived=ArchList.parse("8.0 9.0"))
     assert waived["equal"] and waived["calls_differing"] == 0
     assert "equal to the cell's list 8.0 9.0 9.0a 12.0+PTX with sm_80 sm_90 waived" in flags_summary(waived)

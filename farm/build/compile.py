@@ -411,7 +411,8 @@ def flags_summary(report: dict) -> str:
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
     diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
-            f"extra {' '.join(report['extra'])}" if report["extra"] else ""]
+            f"extra {' '.join(report['extra'])}" if report["extra"] else "",
+            f"{' '.join(report['waived'])} waived" if report.get("waived") else ""]
     return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"
 
 

@@ -225,7 +225,8 @@ def _gate(record: dict) -> str:
             waived = f"{' '.join(flags['waived'])} waived; " if flags.get("waived") else ""
             return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample})"
         parts = [f"missing {' '.join(flags['missing'])}" if flags.get("missing") else "",
-                 f"extra {' '.join(flags['extra'])}" if flags.get("extra") else ""]
+                 f"extra {' '.join(flags['extra'])}" if flags.get("extra") else "",
+                 f"{' '.join(flags['waived'])} waived" if flags.get("waived") else ""]
         return f"flags differ: {'; '.join(p for p in parts if p) or 'no nvcc call seen'}"
     gate = record.get("gate") or ""
     warned = record.get("gate_warnings") or []
