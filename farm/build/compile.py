@@ -410,10 +410,16 @@ def flags_summary(report: dict) -> str:
         return f"{head}: equal to the cell's list {report['expected']}{_waived_text(report)}{_sample_text(report)}"
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
-    diff = [f"missing {' '.join(report['missing'])}" if report["missing"] else "",
-            f"extra {' '.join(report['extra'])}" if report["extra"] else "",
-            f"{' '.join(report['waived'])} waived" if report.get("waived") else ""]
-    return f"{head}: differs from the cell's list {report['expected']} ({'; '.join(d for d in diff if d)})"
+    return f"{head}: differs from the cell's list {report['expected']} ({flags_differences(report)})"
+
+
+def flags_differences(report: dict) -> str:
+    """'missing sm_100; extra sm_89; sm_80 waived': how a flags report differs from the list (also the
+    status table's words; records written before waivers were reported have no 'waived')."""
+    parts = [f"missing {' '.join(report['missing'])}" if report.get("missing") else "",
+             f"extra {' '.join(report['extra'])}" if report.get("extra") else "",
+             f"{' '.join(report['waived'])} waived" if report.get("waived") else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def _waived_text(report: dict) -> str:

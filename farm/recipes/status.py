@@ -217,6 +217,8 @@ def wall_text(s) -> str:
 
 
 def _gate(record: dict) -> str:
+    from farm.build.compile import flags_differences
+
     flags = record.get("flags")
     if flags:
         if flags.get("equal"):
@@ -224,10 +226,7 @@ def _gate(record: dict) -> str:
                      "CPU-h for the cell" if flags.get("cpu_h_estimate") else ""
             waived = f"{' '.join(flags['waived'])} waived; " if flags.get("waived") else ""
             return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample})"
-        parts = [f"missing {' '.join(flags['missing'])}" if flags.get("missing") else "",
-                 f"extra {' '.join(flags['extra'])}" if flags.get("extra") else "",
-                 f"{' '.join(flags['waived'])} waived" if flags.get("waived") else ""]
-        return f"flags differ: {'; '.join(p for p in parts if p) or 'no nvcc call seen'}"
+        return f"flags differ: {flags_differences(flags) or 'no nvcc call seen'}"
     gate = record.get("gate") or ""
     warned = record.get("gate_warnings") or []
     return f"{gate} (warn: {', '.join(warned)})" if gate == "pass" and warned else gate
