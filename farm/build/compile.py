@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from farm.arch.archlist import ArchList
@@ -365,12 +365,12 @@ def by_arch(names) -> list[str]:
 
 
 def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | None] | None = None,
-                 objects_total: int | None = None, waived: ArchList | None = None) -> dict:
+                 objects_total: int | None = None, forgiven: Collection[str] = ()) -> dict:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
     PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
     CMake's configure probes are calls, but compile nothing of the wheel: they count as no target.
-    A missing target the recipe's `verify.allow_missing_archs` (`waived`) forgives is listed as waived,
-    not missing, exactly as the gate would judge the wheel (its SASS by token, its PTX by plain token).
+    A missing target in `forgiven` (what the recipe's `verify.allow_missing_archs` forgives, by
+    farm.build.verify.checks.forgiven_targets) is listed as waived, not missing, as the gate would judge it.
 
     With `cpu` (per call, None: did not finish) and the compile's CUDA object count, also the sample the
     stop left: the compiling calls that finished, their mean CPU-seconds, and that mean times the object
@@ -380,9 +380,7 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
     targets = [set() if any(_CONFIGURE_PROBE.search(a) for a in argv) else nvcc_targets(argv) for argv in calls]
     per_call = [t for t in targets if t]
     seen = set().union(*per_call) if per_call else set()
-    forgiven = {f"sm_{t.sm}{t.variant}" for t in waived or ()} \
-        | {f"compute_{t.sm}" for t in waived or () if not t.variant}
-    waived_targets = (want - seen) & forgiven
+    waived_targets = (want - seen) & set(forgiven)
     want -= waived_targets
     missing, extra = want - seen, seen - want
     report = {"expected": arch_list.torch(), "invocations": len(calls), "compiling_invocations": len(per_call),
@@ -407,7 +405,8 @@ def flags_summary(report: dict) -> str:
     seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
     head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
     if report["equal"]:
-        return f"{head}: equal to the cell's list {report['expected']}{_waived_text(report)}{_sample_text(report)}"
+        waived = f" with {waived_text(report)} (verify.allow_missing_archs)" if report.get("waived") else ""
+        return f"{head}: equal to the cell's list {report['expected']}{waived}{_sample_text(report)}"
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
     return f"{head}: differs from the cell's list {report['expected']} ({flags_differences(report)})"
@@ -417,15 +416,13 @@ def flags_differences(report: dict) -> str:
     """'missing sm_100; extra sm_89; sm_80 waived': how a flags report differs from the list (also the
     status table's words; records written before waivers were reported have no 'waived')."""
     parts = [f"missing {' '.join(report['missing'])}" if report.get("missing") else "",
-             f"extra {' '.join(report['extra'])}" if report.get("extra") else "",
-             f"{' '.join(report['waived'])} waived" if report.get("waived") else ""]
+             f"extra {' '.join(report['extra'])}" if report.get("extra") else "", waived_text(report)]
     return "; ".join(p for p in parts if p)
 
 
-def _waived_text(report: dict) -> str:
-    """' with sm_80 sm_86 waived (verify.allow_missing_archs)': what the gate would forgive as well."""
-    waived = report.get("waived")
-    return f" with {' '.join(waived)} waived (verify.allow_missing_archs)" if waived else ""
+def waived_text(report: dict) -> str:
+    """'sm_80 sm_86 waived' (what the gate would forgive as well), or ''."""
+    return f"{' '.join(report['waived'])} waived" if report.get("waived") else ""
 
 
 def _sample_text(report: dict) -> str:

@@ -148,7 +148,7 @@ class Steps:
             record_nvcc_calls,
         )
         from farm.build.compilelog import CompileWatch
-        from farm.build.verify.checks import missing_waiver
+        from farm.build.verify.checks import forgiven_targets, missing_waiver
 
         self._start_import_child()
         exported = (self.state.get("prebuild") or {}).get("exported") or {}
@@ -167,7 +167,7 @@ class Steps:
             objects = nvcc_objects(self._source_dir()) or watch.count.total
             waiver = missing_waiver(self.spec.verify, self.cell.platform)
             found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls), objects,
-                                              waived=waiver.archs if waiver else None),
+                                              forgiven=forgiven_targets(waiver.archs) if waiver else ()),
                                "stopped": wheel is None}}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):

@@ -15,6 +15,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from farm.arch.archlist import ArchToken
 from farm.arch.fatbin import FatbinReport, read_fatbin
 from farm.build.label import TORCH_FAMILY
 from farm.build.verify.expectation import CheckResult, Expectation
@@ -268,13 +269,11 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
     missing_ptx = [t for t in exp.arch_list if t.ptx and (t.sm, "") not in ptx]
 
     waiver = missing_waiver(knobs, exp.platform)
-    waived_tokens: list[str] = []
-    if waiver is not None:
-        allowed = {(t.sm, t.variant) for t in waiver.archs}
-        waived_tokens = [str(t) for t in missing if (t.sm, t.variant) in allowed]
-        waived_tokens += [f"{t.major}.{t.minor}+PTX" for t in missing_ptx if (t.sm, "") in allowed and t.ptx]
-        missing = [t for t in missing if (t.sm, t.variant) not in allowed]
-        missing_ptx = [t for t in missing_ptx if (t.sm, "") not in allowed]
+    forgiven = forgiven_targets(waiver.archs) if waiver is not None else frozenset()
+    waived_tokens = [str(t) for t in missing if _fmt_sass(t.sm, t.variant) in forgiven]
+    waived_tokens += [f"{t.major}.{t.minor}+PTX" for t in missing_ptx if f"compute_{t.sm}" in forgiven]
+    missing = [t for t in missing if _fmt_sass(t.sm, t.variant) not in forgiven]
+    missing_ptx = [t for t in missing_ptx if f"compute_{t.sm}" not in forgiven]
 
     problems, warnings = [], []
     if not any(r.entries for r in modules.values()):
@@ -304,8 +303,14 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
 
 
 def missing_waiver(knobs: VerifyKnobs, platform: str):
-    """The recipe's `verify.allow_missing_archs` entry for `platform` (or its lane), or None; the flags
-    tier forgives the same targets (farm.build.compile.flags_report)."""
+    """The recipe's `verify.allow_missing_archs` entry for `platform` (or its lane), or None."""
     table: Mapping = knobs.allow_missing_archs or {}
     return table.get(platform) or table.get(lane(platform))
+
+
+def forgiven_targets(archs: Iterable[ArchToken]) -> frozenset[str]:
+    """The nvcc targets a waiver's tokens forgive when absent: each token's SASS (sm_90a for 9.0a) and,
+    for a plain token, its PTX (compute_90). The one rule of the gate (check_arches) and the flags tier
+    (farm.build.compile.flags_report)."""
+    return frozenset({_fmt_sass(t.sm, t.variant) for t in archs} | {f"compute_{t.sm}" for t in archs if not t.variant})
 
