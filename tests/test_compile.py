@@ -233,6 +233,15 @@ def test_the_cuda_objects_are_counted_from_the_builds_ninja_files(tmp_path):
         "build ggml/src/CMakeFiles/ggml-base.dir/ggml.c.o: C_COMPILER__ggml-base_unscanned_Release /s/ggml.c\n"
         "build bin/libggml-cuda.so: CUDA_SHARED_LIBRARY_LINKER__ggml-cuda_Release acc.cu.o\n")
     assert nvcc_objects(tmp_path) == 3
+    # an extension built before into the same temp folder lost its build.ninja to the next one: the
+    # recorded calls' absolute outputs still name its objects (a relative one is CMake's, counted above;
+    # a configure probe's is no object of the wheel)
+    calls = [["-c", "/w/csrc/a.cu", "-o", "/w/b/a.o"], ["-c", "/w/csrc/m.cu", "-o", "/w/b/m.o"],
+             ["-c", "/s/acc.cu", "-o", "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/acc.cu.o"],
+             ["-c", "/b/CMakeFiles/cmTC_1a2b.dir/CMakeCUDACompilerABI.cu", "-o=/b/CMakeFiles/cmTC_1a2b.dir/x.o"],
+             ["--version"]]
+    assert nvcc_objects(tmp_path, calls) == 4
+    assert nvcc_objects(tmp_path / "none", calls[1:2]) == 1
 
 
 def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):

@@ -289,22 +289,31 @@ def read_nvcc_calls(calls: Path) -> list[list[str]]:
     return [p.read_bytes().decode("utf-8", "replace").split("\0")[:-1] for p in _call_files(calls)]
 
 
-# `build <outputs>: <rule> <inputs>`; ninja escapes a colon in a path as `$:`.
-_NINJA_EDGE = re.compile(r"^build\s(?:[^:$]|\$.)*:\s*(\S+)")
+# `build <outputs>: <rule> <inputs>`; ninja escapes a colon or a space in a path as `$:`, `$ `.
+_NINJA_EDGE = re.compile(r"^build\s((?:[^:$]|\$.)*):\s*(\S+)")
+_NINJA_PATH = re.compile(r"(?:[^\s$]|\$.)+")
 
 
-def nvcc_objects(source_dir: Path | str) -> int | None:
-    """The CUDA objects the build's ninja files say it compiles (torch's cpp_extension writes one per
-    extension, CMake's Ninja generator one per build tree): edges whose rule names CUDA and compiling,
-    e.g. `cuda_compile`, `CUDA_COMPILER__ggml-cuda_unscanned_Release`. None when no build.ninja was written
-    (yet: an extension built after the stop is not counted)."""
-    count = 0
+def nvcc_objects(source_dir: Path | str, calls: Sequence[Sequence[str]] = ()) -> int | None:
+    """The CUDA objects the build compiles: the outputs of the build's ninja edges whose rule names CUDA
+    and compiling (torch's cpp_extension writes one build.ninja per extension, CMake's Ninja generator
+    one per build tree: `cuda_compile`, `CUDA_COMPILER__ggml-cuda_unscanned_Release`), together with the
+    absolute `-o` of the recorded nvcc `calls`, which still name the objects of an extension built
+    earlier into the same folder, whose build.ninja the next extension's replaced (torchao). None when
+    neither names one (an extension built after the stop is not counted)."""
+    objects: set[str] = set()
     for ninja_file in Path(source_dir).rglob("build.ninja"):
         for line in ninja_file.read_text(errors="replace").splitlines():
             edge = _NINJA_EDGE.match(line)
-            if edge and "cuda" in edge.group(1).lower() and "compil" in edge.group(1).lower():
-                count += 1
-    return count or None
+            if edge and "cuda" in edge.group(2).lower() and "compil" in edge.group(2).lower():
+                first = _NINJA_PATH.match(edge.group(1).strip())   # the object; CMake adds implicit outputs
+                if first:
+                    objects.add(os.path.normpath(ninja_file.parent / re.sub(r"\$(.)", r"\1", first.group(0))))
+    for argv in calls:
+        if not any(_CONFIGURE_PROBE.search(a) for a in argv) and _COMPILES.intersection(argv):
+            objects.update(os.path.normpath(o) for o in _option_values(argv, ("-o", "--output-file"))
+                           if os.path.isabs(o))
+    return len(objects) or None
 
 
 _TIMES = re.compile(r"(\d+)m([\d.]+)s")

@@ -164,9 +164,10 @@ class Steps:
         found = {}
         if calls is not None:
             # ninja prints an object's line only once it finished: its total may never show before the stop
-            objects = nvcc_objects(self._source_dir()) or watch.count.total
+            argvs = read_nvcc_calls(calls)
+            objects = nvcc_objects(self._source_dir(), argvs) or watch.count.total
             waiver = missing_waiver(self.spec.verify, self.cell.platform)
-            found = {"flags": {**flags_report(read_nvcc_calls(calls), self.arch_list, read_nvcc_cpu(calls), objects,
+            found = {"flags": {**flags_report(argvs, self.arch_list, read_nvcc_cpu(calls), objects,
                                               forgiven=forgiven_targets(waiver.archs) if waiver else ()),
                                "stopped": wheel is None}}
         cache = dict(self.compiler_cache)
