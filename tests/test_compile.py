@@ -157,20 +157,22 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
     # what the recipe's verify.allow_missing_archs forgives is waived, as the gate would; nothing else is
     own_gencode = [["-c", "k.cu", "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_120,code=sm_120",
                     "-gencode=arch=compute_120,code=compute_120"]]
-    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 10.0 12.0+PTX"), forgiven=forgiven_targets(ArchList.parse("8.0 9.0")))
+    forgiven = forgiven_targets(ArchList.parse("8.0 9.0"))
+    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 10.0 12.0+PTX"), forgiven=forgiven)
     assert waived["waived"] == ["sm_80", "sm_90"] and waived["missing"] == ["sm_100"] and not waived["equal"]
     assert "(missing sm_100; sm_80 sm_90 waived)" in flags_summary(waived)
-    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 12.0+PTX"), forgiven=forgiven_targets(ArchList.parse("8.0 9.0")))
+    waived = flags_report(own_gencode, ArchList.parse("8.0 9.0 9.0a 12.0+PTX"), forgiven=forgiven)
     assert waived["equal"] and waived["calls_differing"] == 0
     assert "equal to the cell's list 8.0 9.0 9.0a 12.0+PTX with sm_80 sm_90 waived" in flags_summary(waived)
     # CMake's compiler check compiles with the list as given, before a project rewrites it: not the wheel's
     probe = ["-gencode=arch=compute_120,code=[compute_120,sm_120]", "-MT",
              "CMakeFiles/cmTC_96541.dir/CMakeCUDACompilerABI.cu.o", "-x", "cu", "-c", "/cmake/CMakeCUDACompilerABI.cu"]
     with_probe = flags_report(own_gencode + [probe], ArchList.parse("8.0 9.0 9.0a 12.0+PTX"),
-                              [30.0, 1.0], objects_total=1, forgiven=forgiven_targets(ArchList.parse("8.0 9.0")))
+                              [30.0, 1.0], objects_total=1, forgiven=forgiven)
     assert with_probe["equal"] and with_probe["compiling_invocations"] == 1 and with_probe["invocations"] == 2
     assert with_probe["finished"] == 1 and with_probe["cpu_s_per_object"] == 30.0
-    ptx = flags_report([own_gencode[0][:4]], ArchList.parse("9.0a 12.0+PTX"), forgiven=forgiven_targets(ArchList.parse("12.0")))
+    ptx = flags_report([own_gencode[0][:4]], ArchList.parse("9.0a 12.0+PTX"),
+                       forgiven=forgiven_targets(ArchList.parse("12.0")))
     assert ptx["equal"] and ptx["waived"] == ["compute_120"]
 
 
