@@ -272,6 +272,7 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
     forgiven = forgiven_targets(waiver.archs) if waiver is not None else frozenset()
     waived_tokens = [str(t) for t in missing if _fmt_sass(t.sm, t.variant) in forgiven]
     waived_tokens += [f"{t.major}.{t.minor}+PTX" for t in missing_ptx if f"compute_{t.sm}" in forgiven]
+    waived_tokens = list(dict.fromkeys(waived_tokens))   # a +PTX token whose SASS and PTX are both waived: once
     missing = [t for t in missing if _fmt_sass(t.sm, t.variant) not in forgiven]
     missing_ptx = [t for t in missing_ptx if f"compute_{t.sm}" not in forgiven]
 
