@@ -202,6 +202,10 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     _record(records, "diso", tier="failed", tier_asked="smoke", cell="diso-cu130-torch2.13-py312",
             date="2026-12-02T09:00:00Z", reason="csrc/x.cu(3): error: identifier \"foo\" is undefined",
             source={"kind": "sdist", "sha256": "ab" * 32}, patches=[{"file": "0001-fix.patch", "sha256": "cd" * 32}])
+    _record(records, "flash_attn", tier="flags", cell="flash_attn-cu130-torch2.13-py312", date="2026-12-03T10:00:00Z",
+            source={"kind": "path"},
+            flags={"equal": True, "compiling_invocations": 2, "waived": ["sm_80"], "finished": 2,
+                   "objects_total": 30, "cpu_s_per_object": 640.0, "cpu_h_estimate": 5.33})
     blocked = run_farm("recipes", "block", "natten", "--why", "  needs 40 GB per job\tand 6 h  ",
                        "--records", str(records))
     assert blocked.returncode == 0, blocked.stderr
@@ -223,12 +227,16 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     diso = dict(zip(COLUMNS, rows["diso"], strict=True))
     assert diso["tier"] == "failed (asked smoke)" and diso["reason"].startswith("csrc/x.cu(3): error")
     assert diso["source pin"] == "sha256 " + "ab" * 6 and diso["patches"] == "0001-fix.patch"
+    # a flags row carries the build's own words: what was waived, and what the stop left to sample
+    assert dict(zip(COLUMNS, rows["flash_attn"], strict=True))["gate"] == (
+        "flags equal the list (sm_80 waived; 2 nvcc calls; 2 of 30 objects finished at 640 CPU-s each: "
+        "~5.33 CPU-h for the cell)")
     natten = dict(zip(COLUMNS, rows["natten"], strict=True))
     assert natten["tier"] == "blocked" and natten["reason"] == "needs 40 GB per job and 6 h"
     assert natten["cell"] == "natten-cu130-torch2.13-py312"
     not_built = [n for n, r in rows.items() if r[3] == "not built yet"]
-    assert len(not_built) == len(names) - 3
-    assert f"{len(names)} recipes: 1 blocked, 1 failed, 1 full, {len(names) - 3} not built yet." in text
+    assert len(not_built) == len(names) - 4
+    assert f"{len(names)} recipes: 1 blocked, 1 failed, 1 flags, 1 full, {len(names) - 4} not built yet." in text
     # the printed table carries the same rows, the reason at the end of its line
     assert any(ln.startswith("natten ") and ln.endswith("-- needs 40 GB per job and 6 h")
                for ln in res.stdout.splitlines())

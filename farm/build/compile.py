@@ -415,7 +415,7 @@ def flags_summary(report: dict) -> str:
     head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"
     if report["equal"]:
         waived = f" with {waived_text(report)} (verify.allow_missing_archs)" if report.get("waived") else ""
-        return f"{head}: equal to the cell's list {report['expected']}{waived}{_sample_text(report)}"
+        return f"{head}: equal to the cell's list {report['expected']}{waived}{sample_text(report)}"
     if not report["compiling_invocations"]:
         return f"{head}: no nvcc compile started before the stop"
     return f"{head}: differs from the cell's list {report['expected']} ({flags_differences(report)})"
@@ -434,8 +434,9 @@ def waived_text(report: dict) -> str:
     return f"{' '.join(report['waived'])} waived" if report.get("waived") else ""
 
 
-def _sample_text(report: dict) -> str:
-    """'; 2 of 73 objects finished at 640 CPU-s each: ~13 CPU-h for the cell' (what the stop left to sample)."""
+def sample_text(report: dict) -> str:
+    """'; 2 of 73 objects finished at 640 CPU-s each: ~13 CPU-h for the cell' (what the stop left to
+    sample; also the status table's words)."""
     if "finished" not in report:
         return ""
     total = f" of {report['objects_total']}" if report.get("objects_total") else ""

@@ -217,15 +217,13 @@ def wall_text(s) -> str:
 
 
 def _gate(record: dict) -> str:
-    from farm.build.compile import flags_differences, waived_text
+    from farm.build.compile import flags_differences, sample_text, waived_text
 
     flags = record.get("flags")
     if flags:
         if flags.get("equal"):
-            sample = f"; {flags['finished']} of {flags['objects_total']} objects finished, ~{flags['cpu_h_estimate']:g} " \
-                     "CPU-h for the cell" if flags.get("cpu_h_estimate") else ""
             waived = f"{waived_text(flags)}; " if flags.get("waived") else ""
-            return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample})"
+            return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample_text(flags)})"
         return f"flags differ: {flags_differences(flags) or 'no nvcc call seen'}"
     gate = record.get("gate") or ""
     warned = record.get("gate_warnings") or []
