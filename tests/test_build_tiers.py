@@ -75,6 +75,7 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     assert record["build_key"] == build_json["build_key"] and str(PROJECT) not in json.dumps(record)
     # what the wall time was bought with (design.md §5.5): this host's cores, the build's max_jobs
     assert record["cores"] == os.cpu_count() and record["max_jobs"] == build_json["max_jobs"] >= 1
+    assert record["nvcc_threads"] == build_json["nvcc_threads"] == 1   # one token: nvcc has one codegen to run
 
     house = tmp_path / "house"
     house.mkdir()
@@ -96,6 +97,19 @@ def _leftovers(marker: str) -> list[str]:
         if marker in cmd and ("nvcc" in cmd or "cicc" in cmd or "ninja" in cmd):
             found.append(cmd.replace("\0", " ")[:200])
     return found
+
+
+@pytest.mark.parametrize("jobs,threads,tokens,want", [
+    (1, 4, "8.0", (4, 1)),          # flash_attn: the threads one token cannot use become jobs
+    (1, 4, "12.0+PTX", (4, 1)),     # a +PTX token is still one virtual arch
+    (2, 1, "7.5", (2, 1)),          # no threads to trade
+    (3, 2, "9.0a", (6, 1)),
+])
+def test_a_smoke_build_keeps_the_recipes_codegens_at_once(jobs, threads, tokens, want):
+    from farm.arch.archlist import ArchList
+    from farm.build.cell import smoke_parallelism
+
+    assert smoke_parallelism(jobs, threads, ArchList.parse(tokens)) == want
 
 
 @pytest.mark.slow
@@ -276,6 +290,8 @@ BAD_RECORDS = {
                                                "wall_s": -3}), "wall_s: -3"),
     "zero-cores": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
                                             "cores": 0}), "cores: 0"),
+    "threads-a-word": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "smoke", "cell": CELL, "date": "d",
+                                                "nvcc_threads": "4"}), "nvcc_threads: '4'"),
     "sass-not-a-list": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
                                                  "sass": "sm_80"}), "sass: 'sm_80'"),
 }

@@ -217,6 +217,16 @@ def smoke_cell(cell, choice: str | None):
                                       provenance=f"smoke: {token} of {full.torch()} ({cell.arch.provenance})"))
 
 
+def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list) -> tuple[int, int]:
+    """(max_jobs, nvcc_threads) for a smoke build: nvcc's threads run one file's codegens side by side,
+    one per virtual arch, and a smoke list has one; the threads it cannot use become jobs, so the build
+    keeps the recipe's jobs x threads codegens at once (about the same memory). flash_attn's 1 job x 4
+    threads would otherwise compile its smoke on one core."""
+    codegens = len({(t.major, t.minor, t.variant) for t in arch_list})
+    usable = max(1, min(nvcc_threads, codegens))
+    return jobs * nvcc_threads // usable, usable
+
+
 def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     """A CUDA 12.x cell needs an installed toolkit of its line (PyPI carries nvcc from 13.0 on): in
     the builder image for the container runner, on this machine for the host runner. Refused in one
@@ -382,6 +392,8 @@ def _set_up(job: BuildJob) -> _Setup:
     mounts += py_mounts
     recipe_jobs, nvcc_threads = job.recipe.parallelism(job.plan.defaults)
     jobs = job.max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, design.md §11.2)
+    if job.tier == "smoke":
+        jobs, nvcc_threads = smoke_parallelism(jobs, nvcc_threads, cell.arch.arch_list)
     group_dir(cell.cuda, cell.torch, cell.links_torch).mkdir(parents=True, exist_ok=True)
     if job.compiler_cache and runner.kind == "host":
         from farm.build.ccache import ensure_ccache
@@ -389,7 +401,8 @@ def _set_up(job: BuildJob) -> _Setup:
         ensure_ccache(log=lambda m: _append(job.log_path, f"[host] {m}"))   # the image brings its own
     record_base: dict[str, object] = {"cell": cell.id, "build_key": job.key, "arch_list": cell.arch.arch_list.torch(),
                    "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
-                   "runner": runner.kind, "image": job.target.id, "farm_version": __version__, "tier": job.tier}
+                   "runner": runner.kind, "image": job.target.id, "farm_version": __version__, "tier": job.tier,
+                   "nvcc_threads": nvcc_threads}
     if job.farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
         record_base["build_requires_farm"] = [w.record() for w in job.farm_wheels]
 

@@ -164,7 +164,7 @@ class Estimate:
 
 def _cores(recipe: Recipe, defaults: Defaults, record: Mapping) -> int:
     jobs, threads = recipe.parallelism(defaults)
-    jobs = record.get("max_jobs") or jobs
+    jobs, threads = record.get("max_jobs") or jobs, record.get("nvcc_threads") or threads
     return max(1, min(record.get("cores") or RECORD_HOST_CORES, jobs * threads))
 
 

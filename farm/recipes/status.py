@@ -113,8 +113,9 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     if layer := {k: v for k, v in (build.get("runner_info") or {}).items() if k in ("layer_of", "system_packages")}:
         record["image_layer"] = {"ref": build["runner_info"].get("image_ref"), **layer}   # design.md §8.5
     record["cores"] = max(1, int(limits.get("cpus") or os.cpu_count() or 1))
-    if build.get("max_jobs"):
-        record["max_jobs"] = build["max_jobs"]
+    for key in ("max_jobs", "nvcc_threads"):   # a smoke build trades threads for jobs (farm.build.cell.smoke_parallelism)
+        if build.get(key):
+            record[key] = build[key]
     if tier_asked == "smoke" or tier == "smoke":
         record["smoke_of"] = cell.arch.provenance
     if report:
@@ -177,7 +178,7 @@ def read_records(folder: Path) -> dict[str, dict]:
             if data.get(key) is not None and (not isinstance(data[key], (int, float)) or isinstance(data[key], bool)
                                               or data[key] < 0):
                 raise BadInput(where, key, data[key], "expected a number >= 0")
-        for key in ("cores", "max_jobs"):
+        for key in ("cores", "max_jobs", "nvcc_threads"):
             if data.get(key) is not None and (not isinstance(data[key], int) or isinstance(data[key], bool)
                                               or data[key] < 1):
                 raise BadInput(where, key, data[key], "expected a whole number >= 1")
