@@ -173,6 +173,17 @@ def test_record_hash_mismatch_fails_the_file_check(tmp_path, mod):
     failed_only(verify_wheel(wheel, expect("8.0")), "file", "RECORD mismatch", "probe/__init__.py")
 
 
+def test_a_wheel_writing_into_site_packages_shared_folders_passes_with_a_warning(tmp_path, mod):
+    """llama.cpp's install rules put lib/ and include/ at a wheel's top level; torchao ships test/,
+    which shadows the standard library's own `test` package."""
+    wheel = probe_wheel(tmp_path, mod["8.0"], extra={"include/probe.h": b"int answer(void);\n",
+                                                     "test/__init__.py": b"", "probe/include/probe.h": b""})
+    report = verify_wheel(wheel, expect("8.0"), skip_import=True)
+    assert report.passed and statuses(report)["file"] == "warn", report.lines()
+    assert report.check("file").message == ("installs into site-packages' shared top-level include/, test/ "
+                                            "(another wheel's files of the same name collide there)")
+
+
 def test_metadata_version_different_from_the_file_name_fails_metadata(tmp_path, mod):
     wheel = probe_wheel(tmp_path, mod["8.0"], metadata_version="1.0")
     failed_only(verify_wheel(wheel, expect("8.0")), "metadata", "METADATA Version 1.0", "1.0+cu130")

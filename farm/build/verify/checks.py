@@ -77,8 +77,23 @@ def check_filename(w: Wheel, exp: Expectation) -> CheckResult:
     return CheckResult.of("filename", problems, [], f"{w.path.name} matches", details)
 
 
+# Folders a wheel's top level shares with every other wheel in site-packages: what one installs there,
+# another of the same name overwrites and uninstalling either removes (llama.cpp's install rules put
+# lib/ and include/ there before its recipe moved them).
+SHARED_TOP_LEVEL = frozenset({"lib", "lib64", "include", "bin", "share", "etc", "src", "build",
+                              "test", "tests", "doc", "docs", "example", "examples", "benchmarks", "scripts"})
+
+
+def shared_top_level_folders(members: Iterable[str]) -> list[str]:
+    """The SHARED_TOP_LEVEL folders a wheel installs into (a .data folder's scripts/ etc. are pip's)."""
+    return sorted({m.split("/", 1)[0] for m in members if "/" in m} & SHARED_TOP_LEVEL)
+
+
 def check_file(w: Wheel, exp: Expectation) -> CheckResult:
-    return CheckResult.of("file", file_problems(w), [], "a sound zip: member paths, WHEEL and RECORD check out")
+    shared = shared_top_level_folders(w.members)
+    warnings = [f"installs into site-packages' shared top-level {', '.join(f + '/' for f in shared)} "
+                "(another wheel's files of the same name collide there)"] if shared else []
+    return CheckResult.of("file", file_problems(w), warnings, "a sound zip: member paths, WHEEL and RECORD check out")
 
 
 def _requirement_key(text: str) -> str:
