@@ -79,8 +79,8 @@ def check_filename(w: Wheel, exp: Expectation) -> CheckResult:
 
 # Folders a wheel's top level shares with every other wheel in site-packages: what one installs there,
 # another of the same name overwrites and uninstalling either removes (llama.cpp's install rules put
-# lib/ and include/ there before its recipe moved them).
-SHARED_TOP_LEVEL = frozenset({"lib", "lib64", "include", "bin", "share", "etc", "src", "build",
+# lib/ and include/ there before its recipe moved them). Not `build`: that is pypa's package.
+SHARED_TOP_LEVEL = frozenset({"lib", "lib64", "include", "bin", "share", "etc", "src",
                               "test", "tests", "doc", "docs", "example", "examples", "benchmarks", "scripts"})
 
 
