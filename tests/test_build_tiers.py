@@ -100,7 +100,7 @@ def _leftovers(marker: str) -> list[str]:
 
 
 @pytest.mark.parametrize("jobs,threads,tokens,want", [
-    (1, 4, "8.0", (4, 1)),          # flash_attn: the threads one token cannot use become jobs
+    (1, 4, "8.0", (4, 1)),          # the threads one token cannot use become jobs
     (1, 4, "12.0+PTX", (4, 1)),     # a +PTX token is still one virtual arch
     (2, 1, "7.5", (2, 1)),          # no threads to trade
     (3, 2, "9.0a", (6, 1)),

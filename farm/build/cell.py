@@ -220,8 +220,8 @@ def smoke_cell(cell, choice: str | None):
 def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list) -> tuple[int, int]:
     """(max_jobs, nvcc_threads) for a smoke build: nvcc's threads run one file's codegens side by side,
     one per virtual arch, and a smoke list has one; the threads it cannot use become jobs, so the build
-    keeps the recipe's jobs x threads codegens at once (about the same memory). flash_attn's 1 job x 4
-    threads would otherwise compile its smoke on one core."""
+    keeps the recipe's jobs x threads codegens at once, the memory its peak_gb_per_job was measured at.
+    flash_attn's 1 job x 2 threads would otherwise compile its smoke on one core."""
     codegens = len({(t.major, t.minor, t.variant) for t in arch_list})
     usable = max(1, min(nvcc_threads, codegens))
     return jobs * nvcc_threads // usable, usable
