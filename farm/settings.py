@@ -79,6 +79,8 @@ PYPI_URL = _declare("FARM_PYPI_URL", "https://pypi.org", "PyPI's base URL, for s
 INDEX_URL = _declare("FARM_INDEX_URL", "http://127.0.0.1:8000/", "where the farm's own index is served")
 DEBIAN_MIRROR = _declare("FARM_DEBIAN_MIRROR", "http://deb.debian.org/debian", "the Debian mirror for base images")
 ENGINE = _declare("FARM_ENGINE", None, "the container engine: docker, podman or a path", "the first of docker, podman that answers")
+CONTAINER_MEMORY = _declare("FARM_CONTAINER_MEMORY", None,
+                            "memory limit of a build container, e.g. 16g (0: none)", "the host's memory less 2 GB")
 EMULATED_JOBS = _declare("FARM_EMULATED_JOBS", None, "emulated aarch64 cells built at once", "1")
 
 # ---------------------------------------------------------------- records, tests and benchmarks

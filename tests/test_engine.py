@@ -152,6 +152,25 @@ def test_memory_limit_kills_with_137_and_cpus_are_capped(engine, image):
     assert quota.split()[0] == "50000"
 
 
+def test_a_build_container_is_limited_to_the_hosts_memory_less_a_reserve(monkeypatch):
+    """Without a limit, a compile that outgrows the host pages it to a standstill; with one it is killed (137)."""
+    from farm.errors import BadInput
+    from farm.runners.engine import HOST_RESERVE_GB, default_limits
+
+    monkeypatch.delenv("FARM_CONTAINER_MEMORY", raising=False)
+    total_gb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                    if ln.startswith("MemTotal:")) / (1024 * 1024)
+    assert default_limits() == Limits(memory=f"{int(total_gb - HOST_RESERVE_GB)}g")
+    assert "--memory-swap=" + default_limits().memory in default_limits().as_args()
+    monkeypatch.setenv("FARM_CONTAINER_MEMORY", "12G")
+    assert default_limits() == Limits(memory="12g")
+    monkeypatch.setenv("FARM_CONTAINER_MEMORY", "0")
+    assert default_limits() == Limits()
+    monkeypatch.setenv("FARM_CONTAINER_MEMORY", "lots")
+    with pytest.raises(BadInput, match="FARM_CONTAINER_MEMORY: 'lots'"):
+        default_limits()
+
+
 def test_timeout_kills_the_container_and_reports_124(engine, image):
     t0 = time.monotonic()
     res = engine.run(image, ["sleep", "120"], timeout=3)

@@ -37,7 +37,7 @@ from farm.runners.base import (
     run_logged,
     standard_mounts,
 )
-from farm.runners.engine import Engine, Limits, Mount
+from farm.runners.engine import Engine, Limits, Mount, default_limits
 from farm.settings import PROJECT_ROOT, cache_dir
 
 TOOLS_TARGET = "/farm/tools"
@@ -75,7 +75,7 @@ class ContainerRunner:
                     raise RunnerError(f"no builder image for {self.arch} (run `farm images build --arch {self.arch}`)")
                 image = images.ensure_builder(self.arch, self.engine)
         self.image = self.builder = image   # the image becomes a package layer over the builder for some recipes
-        self.limits = limits or Limits()
+        self.limits = limits or default_limits()
         self._tools: Path | None = None
 
     # ----- what a step sees ------------------------------------------------------

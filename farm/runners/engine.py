@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import settings
-from farm.errors import EngineError, EngineUnavailable
+from farm.errors import BadInput, EngineError, EngineUnavailable
 from farm.process import last_line, run
 
 ENGINE_NAMES = ("docker", "podman")
@@ -54,6 +55,37 @@ class Limits:
         if self.cpus:
             args += [f"--cpus={self.cpus:g}"]
         return args
+
+
+HOST_RESERVE_GB = 2   # what a build container leaves the host: its shell, the engine, the farm itself
+_MEMORY_VALUE = re.compile(r"^[1-9][0-9]*[kmg]?$")
+
+
+def default_limits() -> Limits:
+    """A build container's limits: FARM_CONTAINER_MEMORY, else the host's memory less HOST_RESERVE_GB.
+    Over it the kernel kills the compiler (exit 137, a BuildOOM that `farm run` retries with fewer jobs)
+    where without one the whole host paged to a standstill: flash_attn's four 5.9 GB ciccs held a
+    24 GB builder for 50 minutes."""
+    own = settings.CONTAINER_MEMORY.get()
+    if own is not None:
+        own = own.strip().lower()
+        if own == "0":
+            return Limits()
+        if not _MEMORY_VALUE.match(own):
+            raise BadInput("environment", settings.CONTAINER_MEMORY.name, own, "expected a size like 16g, or 0 for none")
+        return Limits(memory=own)
+    total_gb = _mem_total_kb() / (1024 * 1024)
+    return Limits(memory=f"{max(1, int(total_gb - HOST_RESERVE_GB))}g") if total_gb else Limits()
+
+
+def _mem_total_kb() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 @dataclass
