@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform as _platform
 import re
+from pathlib import Path
 
 PLATFORMS = ("linux", "windows", "linux_aarch64")
 X86_LANE = "x86"
@@ -80,6 +81,17 @@ def host_arch() -> str:
     """This machine's CPU in the farm's spelling: x86_64 or aarch64 (Windows says AMD64, macOS arm64)."""
     m = _platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def meminfo_gb(field: str) -> float | None:
+    """A /proc/meminfo field (MemTotal, MemAvailable) in GiB, or None where there is none (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / (1024 * 1024)
+    except OSError:
+        pass
+    return None
 
 
 def marker_environment(platform: str, python: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import settings
+from farm.platforms import meminfo_gb
 from farm.process import useful_lines
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
@@ -36,13 +37,8 @@ CHILD_GRACE_S = 20.0
 
 
 def mem_available_gb() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / (1024 * 1024)
-    except OSError:
-        pass
-    return 8.0
+    available = meminfo_gb("MemAvailable")
+    return 8.0 if available is None else available
 
 
 def default_jobs() -> int:

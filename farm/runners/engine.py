@@ -21,6 +21,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.errors import BadInput, EngineError, EngineUnavailable
+from farm.platforms import meminfo_gb
 from farm.process import last_line, run
 
 ENGINE_NAMES = ("docker", "podman")
@@ -74,18 +75,8 @@ def default_limits() -> Limits:
         if not _MEMORY_VALUE.match(own):
             raise BadInput("environment", settings.CONTAINER_MEMORY.name, own, "expected a size like 16g, or 0 for none")
         return Limits(memory=own)
-    total_gb = _mem_total_kb() / (1024 * 1024)
+    total_gb = meminfo_gb("MemTotal")
     return Limits(memory=f"{max(1, int(total_gb - HOST_RESERVE_GB))}g") if total_gb else Limits()
-
-
-def _mem_total_kb() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 @dataclass
