@@ -57,6 +57,10 @@ if verb == "net":
     print(json.dumps(net(rest[0]))); sys.exit(0)
 if verb == "sleep":
     time.sleep(float(rest[0])); sys.exit(0)
+if verb == "memmax":   # the memory limit the step runs under: cgroup v2, else v1
+    v2 = "/sys/fs/cgroup/memory.max"
+    path = v2 if os.path.exists(v2) else "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+    print("memory.max", open(path).read().strip()); sys.exit(0)
 if verb == "grab":
     b = bytearray(int(rest[0]) * 1024 * 1024); print(len(b)); sys.exit(0)
 sys.exit(64)
@@ -181,6 +185,20 @@ def test_container_memory_limit_gives_137(probe_dir, tmp_path):
     code, _ = runner.run_step(["grab", "600"], env, mounts, network=False, log_path=tmp_path / "oom.log")
     assert code == 137
     assert runner.describe()["limits"] == {"memory": "256m", "cpus": 1}
+
+
+@pytest.mark.container
+def test_a_container_step_runs_under_the_default_memory_limit(container, probe_dir, tmp_path):
+    """No limits given: the host's memory less the reserve (farm.runners.engine.default_limits), in the cgroup."""
+    from farm.runners.engine import default_limits
+
+    want = default_limits().memory
+    assert want and container.describe()["limits"]["memory"] == want
+    mounts, env = _mounts(container, tmp_path, probe_dir)
+    code, _ = container.run_step(["memmax"], env, mounts, network=False, log_path=tmp_path / "mem.log")
+    assert code == 0
+    line = next(ln for ln in (tmp_path / "mem.log").read_text().splitlines() if ln.startswith("memory.max"))
+    assert int(line.split()[1]) == int(want.rstrip("g")) * 1024 ** 3
 
 
 @pytest.mark.container
