@@ -45,8 +45,10 @@ def build(recipes: Path, out: Path, *args, timeout=1800):
 @pytest.mark.slow
 def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes, tmp_path):
     out = tmp_path / "out"
-    res = build(recipes, out, CELL, "--smoke", "--arch", "12.0+PTX", "--record")
+    # farm_demo asks 2 jobs x 3 GB; a 4 GB budget admits one (a lone `farm build` admits itself too)
+    res = build(recipes, out, CELL, "--smoke", "--arch", "12.0+PTX", "--record", "--mem-budget", "4")
     assert res.returncode == 0, res.stderr + res.stdout
+    assert "memory admission: 2 jobs x 3 GB exceed the 4.0 GB free of the budget; clamped to 1" in res.stdout
     [wheel] = list((out / "wheel").glob("*.whl"))
     report = read_fatbin(demo_extension(wheel, tmp_path / "unpacked"))
     assert report.sass() == {(120, "")} and report.ptx() == {(120, "")}   # the +PTX token kept its PTX
@@ -74,7 +76,8 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     assert record["peak_mb"] > 100 and record["steps"]["compile"] > 0 and record["wall_s"] > record["steps"]["compile"]
     assert record["build_key"] == build_json["build_key"] and str(PROJECT) not in json.dumps(record)
     # what the wall time was bought with (design.md §5.5): this host's cores, the build's max_jobs
-    assert record["cores"] == os.cpu_count() and record["max_jobs"] == build_json["max_jobs"] >= 1
+    assert record["cores"] == os.cpu_count() and record["max_jobs"] == build_json["max_jobs"] == 1
+    assert build_json["max_jobs_recipe"] == 2 and "clamped to 1" in build_json["max_jobs_clamp"]
     assert record["nvcc_threads"] == build_json["nvcc_threads"] == 1   # one token: nvcc has one codegen to run
 
     house = tmp_path / "house"
@@ -320,6 +323,9 @@ def test_a_bad_record_is_refused_before_the_table_is_written(tmp_path, case):
     (["build", CELL, "--smoke", "--arch", "8.9"], "not a token of"),
     (["build", CELL, "--smoke", "--arch", "sm_eighty"], "--arch"),
     (["build", CELL, "--arch", "8.0"], "only a --smoke build"),
+    (["build", CELL, "--mem-budget", "0"], "--mem-budget: '0'"),
+    (["build", CELL, "--mem-budget", "nan"], "--mem-budget: 'nan'"),
+    (["build", CELL, "--mem-budget", "lots"], "--mem-budget: 'lots'"),
 ])
 def test_bad_tier_and_record_arguments_are_refused_in_one_line(tmp_path, args, needle):
     records = tmp_path / "records"

@@ -76,9 +76,11 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
                publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
                log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
                compiler_cache: bool = True, tier: str = "full", arch: str | None = None,
-               flags_minutes: float | None = None, record: bool | None = None) -> BuildResult:
-    """max_jobs: a clamp decided by the caller (memory admission, design.md §11.2; recorded with its reason,
-    never keyed); compiler_cache: ccache for the (CUDA, torch) group (farm/build/ccache.py; recorded).
+               flags_minutes: float | None = None, record: bool | None = None,
+               mem_budget_gb: float | None = None) -> BuildResult:
+    """max_jobs: the jobs the caller admitted (`farm run`), with the reason when it clamped them (recorded,
+    never keyed); without it the build admits itself against `mem_budget_gb`, default MemAvailable
+    (design.md §11.2). compiler_cache: ccache for the (CUDA, torch) group (farm/build/ccache.py; recorded).
 
     tier (see TIERS): `smoke` builds one token of the list (`arch`, default the lowest) and is never
     published; `flags` records nvcc's targets for `flags_minutes` and builds no wheel. record: write
@@ -93,6 +95,13 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
     check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
+    if max_jobs is None:
+        from farm.run.scheduling import admit_alone
+
+        max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0], recipe.peak_gb(plan.defaults),
+                                                mem_budget_gb)
+        if max_jobs_reason:
+            log(f"{cell_id}: {max_jobs_reason}")
     house = Path(wheelhouse or settings.wheelhouse_dir())
     keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
     farm_wheels = keys.farm_wheels(cell)   # the journal read once: the key below sees the same wheels
@@ -391,7 +400,7 @@ def _set_up(job: BuildJob) -> _Setup:
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
     recipe_jobs, nvcc_threads = job.recipe.parallelism(job.plan.defaults)
-    jobs = job.max_jobs or recipe_jobs   # a clamp decided by the farm run (memory admission, design.md §11.2)
+    jobs = job.max_jobs or recipe_jobs   # as memory admission allowed (design.md §11.2)
     if job.tier == "smoke":
         jobs, nvcc_threads = smoke_parallelism(jobs, nvcc_threads, cell.arch.arch_list)
     group_dir(cell.cuda, cell.torch, cell.links_torch).mkdir(parents=True, exist_ok=True)
@@ -474,7 +483,7 @@ def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
         "dev_only": runner.network_isolation_when_off() == "open",
         "seconds": round(time.time() - job.started, 1),
         "max_jobs": setup.jobs, "max_jobs_recipe": setup.recipe_jobs,
-        "max_jobs_clamp": job.max_jobs_reason if job.max_jobs else None,
+        "max_jobs_clamp": job.max_jobs_reason,
         "compiler_cache": {**decision(job.compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)),
                            **(state["compile"].get("compiler_cache") or {})},
         "peak_process_mb": state["compile"].get("peak_process_mb"),

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from farm.commands.common import add_mem_budget
 from farm.runners.base import RUNNER_KINDS
 
 
@@ -19,6 +20,8 @@ def register(sub) -> None:
     parser.add_argument("--wheelhouse", type=Path)
     parser.add_argument("--plat", help="wheel platform tag to ask auditwheel for (default: the image's)")
     parser.add_argument("--no-compiler-cache", action="store_true", help="compile without ccache (benchmarks)")
+    add_mem_budget(parser, "memory the build may use, max_jobs x peak_gb_per_job; fewer jobs when the "
+                           "recipe's do not fit (default: MemAvailable)")
     tier = parser.add_mutually_exclusive_group()
     tier.add_argument("--smoke", action="store_true",
                       help="build ONE token of the cell's arch list (never published; its own build key)")
@@ -49,7 +52,8 @@ def build_command(args) -> int:
                             publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
                             compiler_cache=not args.no_compiler_cache, record=args.record or None,
                             tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
-                            arch=args.arch, flags_minutes=_minutes(args), log=display.line)
+                            arch=args.arch, flags_minutes=_minutes(args), log=display.line,
+                            mem_budget_gb=args.mem_budget)
     display.summary(outcome(args.cell, build_dir(args.cell, args.out), result))
     if args.quiet:
         _print_result(result)

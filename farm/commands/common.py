@@ -43,6 +43,21 @@ def add_platform(parser, required: bool = False, default: str | None = None) -> 
                         required=required, default=default)
 
 
+def mem_budget_value(text: str) -> float:
+    """argparse `type` of --mem-budget: a positive number of GB, else one line naming the option."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise BadInput("command line", "--mem-budget", text, "must be a positive number of GB, e.g. 16")
+    return value
+
+
+def add_mem_budget(parser, help: str) -> None:
+    parser.add_argument("--mem-budget", type=mem_budget_value, metavar="GB", help=help)
+
+
 def check_version(value: str | None, option: str) -> str | None:
     """A dotted version from the command line, or a one-line error naming the option."""
     if value is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from farm.commands.common import check_selection, empty_selection, output_dir
+from farm.commands.common import add_mem_budget, check_selection, empty_selection, output_dir
 from farm.commands.plan import add_filters, filters_of
 from farm.errors import BadInput
 from farm.runners.base import RUNNER_KINDS
@@ -14,8 +14,7 @@ def register(sub) -> None:
     parser = sub.add_parser("run", help="build what is missing, in parallel, resumably (make farm)")
     add_filters(parser)
     parser.add_argument("--jobs", type=int, help="cells at once (default: one per CPU; the first Python of a build runs before its siblings)")
-    parser.add_argument("--mem-budget", type=float, metavar="GB",
-                        help="memory the builds may reserve, max_jobs x peak_gb_per_job each (default: MemAvailable)")
+    add_mem_budget(parser, "memory the builds may reserve, max_jobs x peak_gb_per_job each (default: MemAvailable)")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
     parser.add_argument("--wheelhouse", type=Path, help="default: $FARM_WHEELHOUSE, else ./wheelhouse")
     parser.add_argument("--build-dir", type=Path, help="per-cell build folders (default: the project's build/)")
@@ -36,8 +35,6 @@ def run_command(args) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise BadInput("command line", f"--{name.replace('_', '-')}", value, "must be at least 1")
-    if args.mem_budget is not None and args.mem_budget <= 0:
-        raise BadInput("command line", "--mem-budget", args.mem_budget, "must be a positive number of GB")
     shard = parse_shard(args.shard) if args.shard else None
     output_dir(args.wheelhouse, "--wheelhouse")
     output_dir(args.build_dir, "--build-dir")

@@ -61,6 +61,14 @@ def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool
     return None, None
 
 
+def admit_alone(want: int, peak_gb: float, budget_gb: float | None = None) -> tuple[int | None, str | None]:
+    """Memory admission of a build that runs by itself (`farm build`, a CI row, the demo): (the clamped
+    max_jobs, why) when `want` jobs do not fit the budget (default: MemAvailable now), else (None, None)."""
+    budget = mem_available_gb() if budget_gb is None else budget_gb
+    jobs, clamp = admit_jobs(want, peak_gb, budget, anything_running=False)
+    return (jobs, clamp) if clamp else (None, None)
+
+
 @dataclass
 class _Job:
     cell: CellRun
@@ -175,8 +183,9 @@ class Scheduler:
         argv = [sys.executable, "-m", "farm.run.processes", "--child", cell.id, "--result", str(result),
                 "--wheelhouse", str(self.sel.house), "--out", str(self.build_dir / cell.id),
                 "--runner", self.sel.runner]
-        if jobs != cell.max_jobs_recipe or clamp:
-            argv += ["--max-jobs", str(jobs), "--max-jobs-reason", clamp or "farm run"]
+        argv += ["--max-jobs", str(jobs)]   # admitted here: the child does not admit again
+        if clamp:
+            argv += ["--max-jobs-reason", clamp]
         if not self.compiler_cache:
             argv.append("--no-compiler-cache")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
