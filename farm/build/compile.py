@@ -441,6 +441,6 @@ def sample_text(report: dict) -> str:
         return ""
     total = f" of {report['objects_total']}" if report.get("objects_total") else ""
     if not report["finished"]:
-        return f"; none{total} objects finished before the stop (no CPU sample)"
+        return f"; none{total} objects finished before the stop, so no CPU sample"
     text = f"; {report['finished']}{total} objects finished at {report['cpu_s_per_object']:g} CPU-s each"
     return text + (f": ~{report['cpu_h_estimate']:g} CPU-h for the cell" if report.get("cpu_h_estimate") else "")
