@@ -171,6 +171,12 @@ def test_a_build_container_is_limited_to_the_hosts_memory_less_a_reserve(monkeyp
         default_limits()
 
 
+@pytest.mark.parametrize("memory,gb", [("21g", 21.0), ("512m", 0.5), ("262144k", 0.25), ("1073741824", 1.0),
+                                       (None, None)])
+def test_a_limit_reads_as_gb_for_memory_admission(memory, gb):
+    assert Limits(memory=memory).memory_gb == gb
+
+
 def test_timeout_kills_the_container_and_reports_124(engine, image):
     t0 = time.monotonic()
     res = engine.run(image, ["sleep", "120"], timeout=3)

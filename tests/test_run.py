@@ -416,6 +416,24 @@ def test_build_requires_farm_pulls_in_and_orders_the_dependency(tmp_path):
     assert "(needed by another cell)" in res.stdout
 
 
+@pytest.mark.parametrize("want,peak,free,running,cap,jobs,words", [
+    (2, 3, 10, False, None, 2, None),
+    (2, 3, 4, False, None, 1, "2 jobs x 3 GB exceed the 4.0 GB free of the budget; clamped to 1"),
+    # an idle 24 GB host: the budget fits two 11 GB jobs, the 21 GB container holding them does not
+    (4, 11, 23.5, False, 21, 1, "4 jobs x 11 GB exceed the 21.0 GB limit of a build container; clamped to 1"),
+    (2, 3, 10, True, 21, 2, None),
+    (1, 12, 5, True, None, None, None),       # waits for a running cell to free memory
+    (1, 12, 5, False, None, 1, "even one job (12 GB) exceeds the 5.0 GB free of the budget"),
+    (1, 12, 30, True, 8, 1, "even one job (12 GB) exceeds the 8.0 GB limit of a build container"),   # waiting frees none
+])
+def test_memory_admission_fits_the_budget_and_the_build_containers_limit(want, peak, free, running, cap, jobs, words):
+    from farm.run.scheduling import admit_jobs
+
+    admitted, clamp = admit_jobs(want, peak, free, running, cap)
+    assert admitted == jobs
+    assert (clamp is None) if words is None else (words in clamp), clamp
+
+
 def test_bad_options_are_one_line_exit_2(tmp_path):
     for args, key in ((["--jobs", "0"], "--jobs"), (["--mem-budget", "-1"], "--mem-budget"),
                       (["--shard", "3/2"], "--shard")):

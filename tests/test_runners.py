@@ -185,6 +185,7 @@ def test_container_memory_limit_gives_137(probe_dir, tmp_path):
     code, _ = runner.run_step(["grab", "600"], env, mounts, network=False, log_path=tmp_path / "oom.log")
     assert code == 137
     assert runner.describe()["limits"] == {"memory": "256m", "cpus": 1}
+    assert runner.memory_cap_gb() == 0.25   # memory admission keeps a build's jobs under it
 
 
 @pytest.mark.container
@@ -199,6 +200,7 @@ def test_a_container_step_runs_under_the_default_memory_limit(container, probe_d
     assert code == 0
     line = next(ln for ln in (tmp_path / "mem.log").read_text().splitlines() if ln.startswith("memory.max"))
     assert int(line.split()[1]) == int(want.rstrip("g")) * 1024 ** 3
+    assert container.memory_cap_gb() == int(want.rstrip("g"))
 
 
 @pytest.mark.container

@@ -95,13 +95,6 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
     recipe = plan.recipes[cell.recipe_name]
     check_buildable_here(cell, recipe, runner_kind)
     check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
-    if max_jobs is None:
-        from farm.run.scheduling import admit_alone
-
-        max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0], recipe.peak_gb(plan.defaults),
-                                                mem_budget_gb)
-        if max_jobs_reason:
-            log(f"{cell_id}: {max_jobs_reason}")
     house = Path(wheelhouse or settings.wheelhouse_dir())
     keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
     farm_wheels = keys.farm_wheels(cell)   # the journal read once: the key below sees the same wheels
@@ -124,6 +117,13 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         compiler_cache = False
     runner, described, target, plat, context = _runner_for(cell, runner_kind, plat, recipe)
     key = keys.key(cell, context)
+    if max_jobs is None:
+        from farm.run.scheduling import admit_alone
+
+        max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0], recipe.peak_gb(plan.defaults),
+                                                mem_budget_gb, runner.memory_cap_gb())
+        if max_jobs_reason:
+            log(f"{cell.id}: {max_jobs_reason}")
 
     def up_to_date(why: str) -> BuildResult | None:
         """The published wheel of this very key, unless --force."""

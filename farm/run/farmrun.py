@@ -24,7 +24,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.recipes.plan import Filters
-from farm.run.scheduling import Scheduler, default_jobs, mem_available_gb
+from farm.run.scheduling import Scheduler, build_memory_cap_gb, default_jobs, mem_available_gb
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
 
 
@@ -97,7 +97,8 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
             reporter.write(throttle=True)
 
     sched = Scheduler(sel, budget, jobs, state_dir, build_dir, events,
-                      compiler_cache=options.compiler_cache, arm_jobs=options.arm_jobs)
+                      compiler_cache=options.compiler_cache, arm_jobs=options.arm_jobs,
+                      cap_gb=build_memory_cap_gb(sel.runner))
     previous = {s: signal.signal(s, sched.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         sched.run()

@@ -3,8 +3,8 @@ dependencies allow, start each in its child process, reap, retry an out-of-memor
 interrupt.
 
 - **Memory admission** (design.md §11.2): a cell reserves `max_jobs x peak_gb_per_job` of the budget
-  (`--mem-budget`, default: MemAvailable at start). When its recipe's max_jobs does not fit what is
-  free, max_jobs is clamped for that build and the clamp recorded in its build record; an out of
+  (`--mem-budget`, default: MemAvailable at start), and never more than a build container may hold.
+  When its recipe's max_jobs does not fit, max_jobs is clamped for that build and the clamp recorded in its build record; an out of
   memory kill (exit 137, SIGKILL, a compiler "Killed") is `oom` and retried once with max_jobs
   halved. Arch lists are never trimmed. Emulated aarch64 cells have their own cap (`--arm-jobs`).
 - **Interrupts**: SIGINT/SIGTERM stop admitting, let each child remove its container, then stop
@@ -47,25 +47,41 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 2)
 
 
-def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool) -> tuple[int | None, str | None]:
-    """(max_jobs to run with, the clamp's reason) for a cell, or (None, None) to wait (design.md §11.2)."""
-    fit = int(free_gb // peak_gb) if peak_gb > 0 else want
+def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool,
+               cap_gb: float | None = None) -> tuple[int | None, str | None]:
+    """(max_jobs to run with, the clamp's reason) for a cell, or (None, None) to wait (design.md §11.2).
+    cap_gb: what one build may hold whatever is free, its container's memory limit (over it the
+    kernel kills the compiler)."""
+    room, where = free_gb, "GB free of the budget"
+    if cap_gb is not None and cap_gb < free_gb:
+        room, where = cap_gb, "GB limit of a build container"
+    if peak_gb <= 0:
+        return want, None
+    fit = int(room // peak_gb)
     if fit >= want:
         return want, None
     if fit >= 1:
-        return fit, (f"memory admission: {want} jobs x {peak_gb:g} GB exceed the {free_gb:.1f} GB free "
-                     f"of the budget; clamped to {fit}")
-    if not anything_running:
-        return 1, (f"memory admission: even one job ({peak_gb:g} GB) exceeds the {free_gb:.1f} GB budget; "
-                   "building with 1")
+        return fit, f"memory admission: {want} jobs x {peak_gb:g} GB exceed the {room:.1f} {where}; clamped to {fit}"
+    if not anything_running or free_gb >= peak_gb:   # waiting would not raise the container's limit
+        return 1, f"memory admission: even one job ({peak_gb:g} GB) exceeds the {room:.1f} {where}; building with 1"
     return None, None
 
 
-def admit_alone(want: int, peak_gb: float, budget_gb: float | None = None) -> tuple[int | None, str | None]:
+def build_memory_cap_gb(runner_kind: str) -> float | None:
+    """What one build may hold on this runner: a container's memory limit (FARM_CONTAINER_MEMORY, else the
+    host's memory less a reserve); the host runner sets none."""
+    from farm.runners.engine import default_limits
+
+    return default_limits().memory_gb if runner_kind == "container" else None
+
+
+def admit_alone(want: int, peak_gb: float, budget_gb: float | None = None,
+                cap_gb: float | None = None) -> tuple[int | None, str | None]:
     """Memory admission of a build that runs by itself (`farm build`, a CI row, the demo): (the clamped
-    max_jobs, why) when `want` jobs do not fit the budget (default: MemAvailable now), else (None, None)."""
+    max_jobs, why) when `want` jobs do not fit the budget (default: MemAvailable now) or the cap, else
+    (None, None)."""
     budget = mem_available_gb() if budget_gb is None else budget_gb
-    jobs, clamp = admit_jobs(want, peak_gb, budget, anything_running=False)
+    jobs, clamp = admit_jobs(want, peak_gb, budget, anything_running=False, cap_gb=cap_gb)
     return (jobs, clamp) if clamp else (None, None)
 
 
@@ -82,8 +98,9 @@ class _Job:
 
 class Scheduler:
     def __init__(self, sel: Selection, budget_gb: float, jobs: int, state_dir: Path, build_dir: Path,
-                 events: Callable[[str, CellRun | None, Scheduler], None], *, compiler_cache: bool = True, arm_jobs: int = 1):
-        self.sel, self.budget_gb, self.jobs = sel, budget_gb, jobs
+                 events: Callable[[str, CellRun | None, Scheduler], None], *, compiler_cache: bool = True, arm_jobs: int = 1,
+                 cap_gb: float | None = None):
+        self.sel, self.budget_gb, self.jobs, self.cap_gb = sel, budget_gb, jobs, cap_gb
         self.state_dir, self.build_dir, self.events = state_dir, build_dir, events
         self.compiler_cache, self.arm_jobs = compiler_cache, arm_jobs
         self.pending: list[CellRun] = list(sel.todo)
@@ -161,7 +178,7 @@ class Scheduler:
                 continue
             want = cell.max_jobs_recipe if not cell.oom_retry else max(1, (cell.max_jobs or 1) // 2)
             free = self.budget_gb - self.reserved_gb
-            jobs, clamp = admit_jobs(want, cell.peak_gb, free, bool(self.running))
+            jobs, clamp = admit_jobs(want, cell.peak_gb, free, bool(self.running), self.cap_gb)
             if jobs is None:
                 continue
             if cell.oom_retry:

@@ -73,6 +73,11 @@ class Runner(Protocol):
     def network_isolation_when_off(self) -> str:
         ...
 
+    def memory_cap_gb(self) -> float | None:
+        """What one build may hold here whatever the host has free (a container's memory limit), or None;
+        memory admission keeps max_jobs x peak_gb_per_job under it (design.md §11.2)."""
+        ...
+
     def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
         ...
 

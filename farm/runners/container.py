@@ -178,6 +178,9 @@ class ContainerRunner:
     def network_isolation_when_off(self) -> str:
         return self.network_isolation
 
+    def memory_cap_gb(self) -> float | None:
+        return self.limits.memory_gb
+
     def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
                  log_path: Path | None = None, timeout: float | None = None) -> StepResult:
         return run_logged(self, self._execute, argv, env, mounts, network, log_path, timeout)

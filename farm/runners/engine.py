@@ -48,6 +48,14 @@ class Limits:
     memory: str | None = None  # e.g. "8g"
     cpus: float | None = None  # e.g. 2 or 1.5
 
+    @property
+    def memory_gb(self) -> float | None:
+        """The memory limit in GB (engine units: k, m, g are powers of 1024, none is bytes), or None."""
+        if not self.memory:
+            return None
+        scale = {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}.get(self.memory[-1].lower(), 1)
+        return float(self.memory.rstrip("kmgKMG")) * scale / 2 ** 30
+
     def as_args(self) -> list[str]:
         args: list[str] = []
         if self.memory:

@@ -66,6 +66,9 @@ class HostRunner:
     def network_isolation_when_off(self) -> str:
         return self.network_isolation
 
+    def memory_cap_gb(self) -> float | None:
+        return None   # the host's own memory: the budget is all there is
+
     def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
         return standard_mounts(work, out, caches)
 
