@@ -86,7 +86,9 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     jobs = options.jobs or default_jobs()
     state_dir = build_dir / ".farm-run" / run_id
     state_dir.mkdir(parents=True, exist_ok=True)
-    display.line(f"building {len(sel.todo)} cells, {jobs} at a time, memory budget {budget:.1f} GB")
+    cap_gb = build_memory_cap_gb(sel.runner)
+    display.line(f"building {len(sel.todo)} cells, {jobs} at a time, memory budget {budget:.1f} GB"
+                 + (f", at most {cap_gb:g} GB per build container" if cap_gb else ""))
     cells_all = sel.skipped + sel.todo
     reporter = _Reporter(run_id, sel, options, cells_all, t0)
     display.start(len(sel.todo), len(sel.skipped))
@@ -98,7 +100,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
 
     sched = Scheduler(sel, budget, jobs, state_dir, build_dir, events,
                       compiler_cache=options.compiler_cache, arm_jobs=options.arm_jobs,
-                      cap_gb=build_memory_cap_gb(sel.runner))
+                      cap_gb=cap_gb)
     previous = {s: signal.signal(s, sched.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         sched.run()
