@@ -117,13 +117,6 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         compiler_cache = False
     runner, described, target, plat, context = _runner_for(cell, runner_kind, plat, recipe)
     key = keys.key(cell, context)
-    if max_jobs is None:
-        from farm.run.scheduling import admit_alone
-
-        max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0], recipe.peak_gb(plan.defaults),
-                                                mem_budget_gb, runner.memory_cap_gb())
-        if max_jobs_reason:
-            log(f"{cell.id}: {max_jobs_reason}")
 
     def up_to_date(why: str) -> BuildResult | None:
         """The published wheel of this very key, unless --force."""
@@ -145,6 +138,13 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         if tier == "flags" and flags_minutes is None:
             flags_minutes = DEFAULT_FLAGS_MINUTES
         build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
+        if max_jobs is None:   # nobody admitted this build: it admits itself, against what is free now
+            from farm.run.scheduling import admit_alone
+
+            max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0],
+                                                    recipe.peak_gb(plan.defaults), mem_budget_gb, runner.memory_cap_gb())
+            if max_jobs_reason:
+                log(f"{cell.id}: {max_jobs_reason}")
         job = BuildJob(cell, recipe, plan, runner, described, target, key, house, farm_wheels, out, build_number,
                        publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
                        max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache, tier=tier,

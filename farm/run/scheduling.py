@@ -4,9 +4,9 @@ interrupt.
 
 - **Memory admission** (design.md §11.2): a cell reserves `max_jobs x peak_gb_per_job` of the budget
   (`--mem-budget`, default: MemAvailable at start), and never more than a build container may hold.
-  When its recipe's max_jobs does not fit, max_jobs is clamped for that build and the clamp recorded in its build record; an out of
-  memory kill (exit 137, SIGKILL, a compiler "Killed") is `oom` and retried once with max_jobs
-  halved. Arch lists are never trimmed. Emulated aarch64 cells have their own cap (`--arm-jobs`).
+  When its recipe's max_jobs does not fit, max_jobs is clamped for that build and the clamp recorded
+  in its build record; an out of memory kill (exit 137, SIGKILL, a compiler "Killed") is `oom` and
+  retried once with max_jobs halved. Arch lists are never trimmed. Emulated aarch64 cells have their own cap (`--arm-jobs`).
 - **Interrupts**: SIGINT/SIGTERM stop admitting, let each child remove its container, then stop
   whatever is left of its process tree (farm.run.processes).
 """
