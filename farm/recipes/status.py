@@ -243,7 +243,7 @@ def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list
         rows.append({
             "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
             "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else ""),
-            "cell": rec.get("cell") or status_cell_id(recipe), "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hits)" if hits else ""),
+            "cell": rec.get("cell") or status_cell_id(recipe), "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
             "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
             "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
             "date": (rec.get("date") or "")[:10], "reason": rec.get("reason") or "",
