@@ -215,7 +215,7 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     records = tmp_path / "records"
     _record(records, "farm_demo", tier="full", cell=CELL, date="2026-12-01T10:00:00Z", wall_s=153.2,
             peak_mb=2150, wheel_bytes=2_345_678, sass=ALL_SASS, ptx=["compute_90", "compute_120"], gate="pass",
-            source={"kind": "path"}, patches=[])
+            source={"kind": "path"}, patches=[], compiler_cache={"active": True, "hits": 1, "misses": 3})
     _record(records, "diso", tier="failed", tier_asked="smoke", cell="diso-cu130-torch2.13-py312",
             date="2026-12-02T09:00:00Z", reason="csrc/x.cu(3): error: identifier \"foo\" is undefined",
             source={"kind": "sdist", "sha256": "ab" * 32}, patches=[{"file": "0001-fix.patch", "sha256": "cd" * 32}])
@@ -238,7 +238,7 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     assert sorted(rows) == names and len(names) >= 45
     demo = dict(zip(COLUMNS, rows["farm_demo"], strict=True))
     assert (demo["tier"], demo["cell"], demo["wall"], demo["peak mem"], demo["wheel"]) == \
-        ("full", CELL, "2.6 min", "2.1 GB", "2.3 MB")
+        ("full", CELL, "2.6 min (1 ccache hit)", "2.1 GB", "2.3 MB")   # a warm build says so
     assert demo["SASS"] == " ".join(ALL_SASS) and demo["PTX"] == "compute_90 compute_120"
     assert (demo["gate"], demo["date"]) == ("pass", "2026-12-01")
     diso = dict(zip(COLUMNS, rows["diso"], strict=True))
