@@ -15,7 +15,7 @@ cache (ccache group `cu130-torch2.13`, farm/build/ccache.py) and the others star
   rows. `timeout-minutes` is the longest row's sum of its siblings' timeouts plus the set-up, capped
   at GitHub's 360 min on hosted runners; inside that cap `farm ci row` starts a sibling only while
   the time left can hold it and leaves the rest for the next run (the plan job lists the row again).
-  Recipes marked `self_hosted` go to a self-hosted label, uncapped.
+  Recipes marked `self_hosted` go to a self-hosted label, capped at GitHub's 5 days there.
 
 The chunk layout is fingerprinted (`layout_digest`); a plan job whose checkout plans differently
 from the generated workflow fails and asks for `farm ci github` to be rerun.
@@ -48,6 +48,7 @@ SELF_HOSTED_LABELS = {"x86": ["self-hosted", "linux", "x64", "farm-huge"],
                       "windows": ["self-hosted", "windows", "x64", "farm-huge"]}
 DEFAULT_TIMEOUT_MIN = 120
 HOSTED_MAX_TIMEOUT_MIN = 360        # GitHub-hosted jobs stop at 6 h
+SELF_HOSTED_MAX_TIMEOUT_MIN = 7200  # and self-hosted ones at 5 days
 SETUP_MIN = 20                      # a row job's set-up: engine, image load, Pythons, torch downloads
 AFTER_ROW_MIN = 10                  # kept after the row step: upload the staging folder, save the caches
 
@@ -156,9 +157,8 @@ def chunks_for(plan: Plan, cells: list[Cell], max_jobs: int = MAX_JOBS_PER_MATRI
         lane_key = base + ("-selfhosted" if self_hosted else "")
         minutes_of = {r.id: row_minutes(plan, r) for r in group}
         for i, ids in enumerate(_split([r.id for r in group], max_jobs)):
-            minutes = max(minutes_of[x] for x in ids)
-            if not self_hosted:
-                minutes = min(minutes, HOSTED_MAX_TIMEOUT_MIN)
+            minutes = min(max(minutes_of[x] for x in ids),
+                          SELF_HOSTED_MAX_TIMEOUT_MIN if self_hosted else HOSTED_MAX_TIMEOUT_MIN)
             out.append(Chunk(lane_key, group[0].cuda, i + 1, tuple(ids), minutes,
                              list(SELF_HOSTED_LABELS[base]) if self_hosted else RUNS_ON[base]))
     return out
