@@ -28,6 +28,7 @@ from farm.recipes.buildkey import KeyMaker, context_for
 from farm.recipes.cells import Cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
+from farm.run.admission import admit_alone
 from farm.runners import images
 from farm.runners.base import Runner
 from farm.runners.emulation import is_emulated
@@ -139,8 +140,6 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             flags_minutes = DEFAULT_FLAGS_MINUTES
         build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
         if max_jobs is None:   # nobody admitted this build: it admits itself, against what is free now
-            from farm.run.scheduling import admit_alone
-
             max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0],
                                                     recipe.peak_gb(plan.defaults), mem_budget_gb, runner.memory_cap_gb())
             if max_jobs_reason:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from farm import settings
 from farm.recipes.plan import Filters
-from farm.run.scheduling import Scheduler, build_memory_cap_gb, default_jobs, mem_available_gb
+from farm.run.admission import build_memory_cap_gb, mem_available_gb
+from farm.run.scheduling import Scheduler, default_jobs
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import settings
-from farm.platforms import meminfo_gb
 from farm.process import useful_lines
+from farm.run.admission import admit_jobs
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
 from farm.runners.emulation import is_emulated
@@ -36,53 +36,10 @@ OOM_PATTERNS = ("Killed signal terminated program", "died due to signal 9", "out
 CHILD_GRACE_S = 20.0
 
 
-def mem_available_gb() -> float:
-    available = meminfo_gb("MemAvailable")
-    return 8.0 if available is None else available
-
-
 def default_jobs() -> int:
     """One cell per CPU: memory admission bounds what runs at once, and cells that follow a sibling
     (another Python of the same build) mostly hit the compiler cache and compile one file at a time."""
     return max(1, os.cpu_count() or 2)
-
-
-def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool,
-               cap_gb: float | None = None) -> tuple[int | None, str | None]:
-    """(max_jobs to run with, the clamp's reason) for a cell, or (None, None) to wait (design.md §11.2).
-    cap_gb: what one build may hold whatever is free, its container's memory limit (over it the
-    kernel kills the compiler)."""
-    room, where = free_gb, "GB free of the budget"
-    if cap_gb is not None and cap_gb < free_gb:
-        room, where = cap_gb, "GB limit of a build container"
-    if peak_gb <= 0:
-        return want, None
-    fit = int(room // peak_gb)
-    if fit >= want:
-        return want, None
-    if fit >= 1:
-        return fit, f"memory admission: {want} jobs x {peak_gb:g} GB exceed the {room:.1f} {where}; clamped to {fit}"
-    if not anything_running or free_gb >= peak_gb:   # waiting would not raise the container's limit
-        return 1, f"memory admission: even one job ({peak_gb:g} GB) exceeds the {room:.1f} {where}; building with 1"
-    return None, None
-
-
-def build_memory_cap_gb(runner_kind: str) -> float | None:
-    """What one build may hold on this runner: a container's memory limit (FARM_CONTAINER_MEMORY, else the
-    host's memory less a reserve); the host runner sets none."""
-    from farm.runners.engine import default_limits
-
-    return default_limits().memory_gb if runner_kind == "container" else None
-
-
-def admit_alone(want: int, peak_gb: float, budget_gb: float | None = None,
-                cap_gb: float | None = None) -> tuple[int | None, str | None]:
-    """Memory admission of a build that runs by itself (`farm build`, a CI row, the demo): (the clamped
-    max_jobs, why) when `want` jobs do not fit the budget (default: MemAvailable now) or the cap, else
-    (None, None)."""
-    budget = mem_available_gb() if budget_gb is None else budget_gb
-    jobs, clamp = admit_jobs(want, peak_gb, budget, anything_running=False, cap_gb=cap_gb)
-    return (jobs, clamp) if clamp else (None, None)
 
 
 @dataclass
