@@ -22,8 +22,6 @@ def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool
     room, where = free_gb, "GB free of the budget"
     if cap_gb is not None and cap_gb < free_gb:
         room, where = cap_gb, "GB limit of a build container"
-    if peak_gb <= 0:
-        return want, None
     fit = int(room // peak_gb)
     if fit >= want:
         return want, None
@@ -32,14 +30,6 @@ def admit_jobs(want: int, peak_gb: float, free_gb: float, anything_running: bool
     if not anything_running or free_gb >= peak_gb:   # waiting would not raise the container's limit
         return 1, f"memory admission: even one job ({peak_gb:g} GB) exceeds the {room:.1f} {where}; building with 1"
     return None, None
-
-
-def build_memory_cap_gb(runner_kind: str) -> float | None:
-    """What one build may hold on this runner: a container's memory limit (FARM_CONTAINER_MEMORY, else the
-    host's memory less a reserve); the host runner sets none."""
-    from farm.runners.engine import default_limits
-
-    return default_limits().memory_gb if runner_kind == "container" else None
 
 
 def admit_alone(want: int, peak_gb: float, budget_gb: float | None = None,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from farm import settings
 from farm.recipes.plan import Filters
-from farm.run.admission import build_memory_cap_gb, mem_available_gb
+from farm.run.admission import mem_available_gb
 from farm.run.scheduling import Scheduler, default_jobs
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
 
@@ -87,7 +87,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     jobs = options.jobs or default_jobs()
     state_dir = build_dir / ".farm-run" / run_id
     state_dir.mkdir(parents=True, exist_ok=True)
-    cap_gb = build_memory_cap_gb(sel.runner)
+    cap_gb = _build_memory_cap_gb(sel)
     display.line(f"building {len(sel.todo)} cells, {jobs} at a time, memory budget {budget:.1f} GB"
                  + (f", at most {cap_gb:g} GB per build container" if cap_gb else ""))
     cells_all = sel.skipped + sel.todo
@@ -117,6 +117,15 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     result.report_json, result.report_html = reporter.write(final=result)
     display.summary(result)
     return result
+
+
+def _build_memory_cap_gb(sel: Selection) -> float | None:
+    """What one child build may hold: asked of the runner its `farm build` makes (a container's memory
+    limit; the host runner sets none), so the scheduler admits against the cap the child will have."""
+    from farm.runners.choose import get_runner
+    from farm.runners.emulation import cell_arch
+
+    return get_runner(sel.runner, arch=cell_arch(sel.todo[0].platform)).memory_cap_gb()
 
 
 def reconcile_with_wheelhouse(cells: list[CellRun], house: Path) -> list[CellRun]:
