@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from farmcli import PROJECT, run_farm
 
+from farm.runners.engine import default_limits, ensure_engine
+
 DEMO = PROJECT / "examples" / "farm-demo"
 PY311, PY312 = "farm_demo-cu130-torch2.13-py311", "farm_demo-cu130-torch2.13-py312"
 BROKEN = "farm_broken-cu130-torch2.13-py311"
@@ -305,18 +307,15 @@ def test_an_interrupted_cell_whose_wheel_was_published_is_reported_built(tmp_pat
 def test_memory_admission_clamps_max_jobs_records_it_and_keeps_every_arch(farm, tmp_path):
     _, env = farm
     house, build = tmp_path / "house", tmp_path / "build"
-    # farm_demo: max_jobs 2 x peak_gb_per_job 2 = 4 GB; a 3 GB budget admits one job
-    res = farm_run(env, "--mem-budget", "3", "--wheelhouse", str(house), "--build-dir", str(build),
-                   "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13", "--python", "3.11",
-                   "--platform", "linux")
+    # farm_demo: max_jobs 2 x peak_gb_per_job 2 = 4 GB; a 3 GB budget admits one job. The container
+    # runner, named, so that the opening line must name its memory limit, the cap each build has too.
+    ensure_engine()
+    res = farm_run(env, "--runner", "container", "--mem-budget", "3", "--wheelhouse", str(house),
+                   "--build-dir", str(build), "--package", "farm_demo", "--cuda", "13.0", "--torch", "2.13",
+                   "--python", "3.11", "--platform", "linux")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "clamped" in res.stdout
-    from farm.runners.engine import default_limits
-
-    if "; runner container;" in res.stdout:   # a container's memory limit caps each build as well
-        assert f"memory budget 3.0 GB, at most {default_limits().memory_gb:g} GB per build container" in res.stdout
-    else:
-        assert "memory budget 3.0 GB\n" in res.stdout
+    assert f"memory budget 3.0 GB, at most {default_limits().memory_gb:g} GB per build container" in res.stdout
     record = json.loads((build / PY311 / "build.json").read_text())
     assert record["max_jobs"] == 1 and record["max_jobs_recipe"] == 2
     assert "memory admission" in record["max_jobs_clamp"]
