@@ -4,7 +4,9 @@ Malformed request lines go over raw sockets (no client library would send them);
 answer must be a status line, then EOF: never a traceback, never a reset, and the
 server keeps serving. Symlinks planted in the wheelhouse that lead out of it, a FIFO,
 and every spelling of `..` must not reach a byte outside. `--port` refusals are one
-line, exit 2, nothing written; SIGTERM ends the server within a second.
+line, exit 2, nothing written; SIGTERM ends the server within a second, also while requests
+are mid-way; half-sent and trickling requests are closed once their head is overdue and never
+keep a whole request from its answer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +29,7 @@ from hostile import assert_one_line_refusal, tree_state
 from wheelhouse_fixtures import FARM, REPO, make_wheel
 
 from farm.wheelhouse import publish
-from farm.wheelhouse.serve import MAX_REQUEST_LINE
+from farm.wheelhouse.serve import HEAD_TIMEOUT, MAX_CLIENTS, MAX_REQUEST_LINE
 
 SECRET = b"farm-serve-secret-outside-the-wheelhouse"
 
@@ -259,3 +262,165 @@ def test_sigterm_stops_farm_serve_within_a_second(tmp_path):
             assert "Traceback" not in proc.stderr.read()
     print(f"farm serve: SIGTERM to exit {', '.join(f'{t:.3f}' for t in took)} s")
     assert max(took) < 1.0, took
+
+
+class Hammer:
+    """Clients that keep the server's accept loop busy: `fast` of them request /simple/ back to back, one
+    sends its request a byte every 50 ms (so a request is always mid-way), until the server is gone."""
+
+    def __init__(self, port: int, fast: int = 8):
+        self.port, self.done = port, threading.Event()
+        self.threads = [threading.Thread(target=self._fast) for _ in range(fast)]
+        self.threads.append(threading.Thread(target=self._slow))
+        self.answered = 0
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+    def _fast(self) -> None:
+        while not self.done.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    s.sendall(line(b"/simple/"))
+                    if s.recv(16).startswith(b"HTTP/1.0 200"):
+                        self.answered += 1
+            except OSError:
+                time.sleep(0.01)
+
+    def _slow(self) -> None:
+        while not self.done.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    for byte in line(b"/simple/"):
+                        s.sendall(bytes([byte]))
+                        if self.done.wait(0.05):
+                            return
+                    s.recv(16)
+            except OSError:
+                time.sleep(0.01)
+
+
+def test_sigterm_stops_farm_serve_within_a_second_while_requests_are_mid_way(tmp_path):
+    """The signal lands while connections are being accepted and handled (the probe's swallowed SIGTERM):
+    the server still ends at once, exit 0, and prints nothing but its access log."""
+    publish([make_wheel(tmp_path / "in")], tmp_path / "wh")
+    took = []
+    for _ in range(3):
+        with farm_serve(tmp_path / "wh") as (proc, port), Hammer(port) as hammer:
+            deadline = time.monotonic() + 30
+            while hammer.answered < 50 and time.monotonic() < deadline:  # busy, not merely started
+                time.sleep(0.01)
+            assert hammer.answered >= 50, hammer.answered
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail("SIGTERM did not stop farm serve within 5 s: " + proc.stderr.read()[-2000:])
+            took.append(time.monotonic() - start)
+            err = proc.stderr.read()
+            assert code == 0, err[-2000:]
+            assert "Traceback" not in err and "Exception" not in err, err[-2000:]
+    print(f"farm serve, busy: SIGTERM to exit {', '.join(f'{t:.3f}' for t in took)} s")
+    assert max(took) < 1.0, took
+
+
+def closed_by_server(s: socket.socket, by: float) -> bytes:
+    """What the server sends before it closes `s` (a 408, or nothing); fails the test if `s` is open at `by`."""
+    got = b""
+    s.settimeout(max(0.01, by - time.monotonic()))
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except TimeoutError:
+        pytest.fail(f"a half-sent connection was still open {HEAD_TIMEOUT + 2:g} s after it connected: {got[:80]!r}")
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_half_sent_requests_neither_block_others_nor_outlive_the_request_timeout(hostile_house):
+    """50 connections that sent half a request line and one that trickles a byte every 0.3 s: a whole request
+    is still answered at once, and each of them is closed once HEAD_TIMEOUT has passed (the probe's were
+    held for 49 s and more)."""
+    _, port, _, _ = hostile_house
+    start = time.monotonic()
+    half = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+    for s in half:
+        s.sendall(b"GET /simple/ HT")
+    trickle = socket.create_connection(("127.0.0.1", port))
+    stop = threading.Event()
+
+    def drip():
+        for byte in b"GET /simple/ HTTP/1.0\r\nX-Slow: " + b"a" * 1000:
+            if stop.wait(0.3):
+                return
+            try:
+                trickle.sendall(bytes([byte]))
+            except OSError:
+                return
+    dripper = threading.Thread(target=drip)
+    dripper.start()
+    try:
+        asked = time.monotonic()
+        assert raw_request(port, line(b"/simple/"), timeout=5)[0] == 200
+        assert time.monotonic() - asked < 1.0
+        for s in [*half, trickle]:
+            reply = closed_by_server(s, by=start + HEAD_TIMEOUT + 2)
+            assert reply == b"" or reply.startswith(b"HTTP/1.0 408 "), reply[:200]
+        assert time.monotonic() - start >= HEAD_TIMEOUT - 0.5, "closed before the client had its time"
+    finally:
+        stop.set()
+        dripper.join()
+        for s in [*half, trickle]:
+            s.close()
+
+
+def threads_of(pid: int) -> int:
+    """Threads of a process this test started."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Threads:\s+(\d+)$", status, re.M).group(1))
+
+
+def test_past_max_clients_the_oldest_half_sent_connection_makes_room(tmp_path):
+    """MAX_CLIENTS + 20 half-sent connections: the server keeps at most MAX_CLIENTS threads for them, a whole
+    request is still answered at once (it takes the slot of the oldest), and SIGTERM still ends it at once."""
+    publish([make_wheel(tmp_path / "in")], tmp_path / "wh")
+    with farm_serve(tmp_path / "wh") as (proc, port):
+        half = []
+        for _ in range(MAX_CLIENTS + 20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /simple/ HT")
+            half.append(s)
+        try:
+            asked = time.monotonic()
+            assert raw_request(port, line(b"/simple/"), timeout=5)[0] == 200
+            assert time.monotonic() - asked < 1.0
+            assert threads_of(proc.pid) <= MAX_CLIENTS + 4, threads_of(proc.pid)
+            closed = 0
+            for s in half:
+                s.settimeout(max(0.01, asked + 1.0 - time.monotonic()))
+                try:
+                    closed += s.recv(1) == b""
+                except TimeoutError:
+                    pass
+                except ConnectionResetError:
+                    closed += 1
+            assert closed >= 21, f"{closed} of {len(half)} half-sent connections closed to make room"
+            assert proc.poll() is None
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=5) == 0
+            assert time.monotonic() - start < 1.0
+        finally:
+            for s in half:
+                s.close()

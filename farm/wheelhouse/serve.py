@@ -12,16 +12,26 @@ Only regular files whose real path is inside the wheelhouse, with no dot-name on
 its root, are served: a symlink that leads out or to a dot-file, a FIFO or a device is a 404. A hostile request (NUL, '..', bad percent-encoding,
 a component over NAME_MAX, thousands of components, a request line over MAX_REQUEST_LINE)
 gets a 400, 404 or 414 and the connection ends cleanly, never a traceback.
+
+Slow and half-open clients are bounded: a request head must be whole HEAD_TIMEOUT after the
+connection was accepted (a 408 then), however slowly it trickles in; any later read or write may
+stall IDLE_TIMEOUT; at most MAX_CLIENTS connections have a thread, and a new one past that takes
+the slot of the oldest still sending its head (a 503 only when every slot is past its head).
+SIGTERM and Ctrl-C are taken by sigwait in the main thread, never raised inside the serving code,
+so where they land cannot matter (design.md §9.7).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
+import socket
 import stat
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from functools import partial
 from http import HTTPStatus
@@ -41,6 +51,11 @@ MAX_REQUEST_LINE = 8192
 MAX_REQUEST_HEAD = 1 << 20       # what is read and dropped after an over-long line, to close cleanly
 NAME_MAX = 255
 MAX_COMPONENTS = 32
+HEAD_TIMEOUT = 5.0     # seconds from the accept to a whole request head (pip sends it in one write)
+IDLE_TIMEOUT = 30.0    # seconds any later read or write may make no progress (a download stalled)
+MAX_CLIENTS = 64       # connections with a handler thread
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _OFFERS = {JSON_V1: "json", "application/vnd.pypi.simple.latest+json": "json",
            HTML_V1: "html", "application/vnd.pypi.simple.latest+html": "html", "text/html": "html"}
@@ -83,7 +98,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
     negotiate_json = True
     log_stream = sys.stderr
     log_lock = threading.Lock()
-    timeout = 60  # a client that stops sending does not hold its thread for ever
+    timeout = IDLE_TIMEOUT  # a client that stops reading does not hold its thread for ever
     # Errors found before the version is parsed (a bad version itself) get a status line, not
     # HTTP/0.9's bare body; no client of an index speaks 0.9.
     default_request_version = "HTTP/1.0"
@@ -91,10 +106,17 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
     def __init__(self, *args, directory: str, **kwargs):
         super().__init__(*args, directory=directory, **kwargs)
 
+    def setup(self):
+        super().setup()
+        self.rfile.close()   # the plain reader: the one below also keeps the head's deadline
+        self.head_clock = _HeadClock(self.connection, self.server.head_deadline(self.connection))
+        self.rfile = io.BufferedReader(self.head_clock)
+
     def handle_one_request(self):
         """BaseHTTPRequestHandler's, with a request line limit of MAX_REQUEST_LINE (not 64 kB) and
         the rest of an over-long request read and dropped, so the 414 reaches the client before the
-        close (closing on unread bytes would reset the connection)."""
+        close (closing on unread bytes would reset the connection). A head not whole by its
+        deadline gets a 408."""
         try:
             self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE + 1)
             if len(self.raw_requestline) > MAX_REQUEST_LINE:
@@ -109,18 +131,28 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
                 return
             if not self.parse_request():
                 return
+            self.head_clock.deadline = None
+            self.connection.settimeout(IDLE_TIMEOUT)
+            self.server.head_received(self.connection)
             method = getattr(self, "do_" + self.command, None)
             if method is None:
                 self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"unsupported method {self.command[:40]!r}")
                 return
             method()
             self.wfile.flush()
+        except _HeadTimeout:
+            self.close_connection = True
+            self.requestline = self.request_version = self.command = ""
+            try:
+                self.send_error(HTTPStatus.REQUEST_TIMEOUT, f"no whole request head within {HEAD_TIMEOUT:g} s")
+            except OSError:
+                pass
         except (TimeoutError, ConnectionError):
             self.close_connection = True
 
     def _drop_request_head(self) -> None:
         """Read what is left of the request head (up to MAX_REQUEST_HEAD, a short wait at most)."""
-        self.connection.settimeout(0.5)
+        self.head_clock.deadline = min(self.head_clock.deadline or float("inf"), time.monotonic() + 0.5)
         seen = 0
         try:
             while seen < MAX_REQUEST_HEAD:
@@ -257,6 +289,116 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         pass
 
 
+class _HeadTimeout(TimeoutError):
+    """The request head was not whole by its deadline."""
+
+
+class _HeadClock(io.RawIOBase):
+    """A connection's bytes, read so that the request head is due by `deadline` (time.monotonic())
+    however slowly it trickles in: a timeout per read alone lets a byte every few seconds hold a
+    thread for ever. The handler sets `deadline` to None once the head is parsed."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        super().__init__()
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        if self.deadline is None:
+            return self.sock.recv_into(buf)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _HeadTimeout
+        self.sock.settimeout(min(left, IDLE_TIMEOUT))
+        try:
+            return self.sock.recv_into(buf)
+        except TimeoutError:
+            if time.monotonic() >= self.deadline:
+                raise _HeadTimeout from None
+            raise
+
+
+class WheelhouseServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a bounded set of connections, each known with its accept time and
+    whether its head is in; server_close() also ends the connections still open (design.md §9.7)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = MAX_CLIENTS
+
+    def __init__(self, *args, **kwargs):
+        self._clients: dict[socket.socket, list] = {}   # connection -> [accepted at, head still due]
+        self._clients_changed = threading.Condition()
+        super().__init__(*args, **kwargs)
+
+    def head_deadline(self, conn: socket.socket) -> float:
+        with self._clients_changed:
+            client = self._clients.get(conn)
+        return (client[0] if client else time.monotonic()) + HEAD_TIMEOUT
+
+    def head_received(self, conn: socket.socket) -> None:
+        with self._clients_changed:
+            if conn in self._clients:
+                self._clients[conn][1] = False
+
+    def process_request(self, request, client_address):
+        with self._clients_changed:
+            room = len(self._clients) < MAX_CLIENTS or self._evict_slowest_head()
+            if room:
+                self._clients[request] = [time.monotonic(), True]
+        if not room:   # every slot is a request past its head: ask the client to come back
+            try:
+                request.settimeout(0.5)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)
+            raise
+
+    def _evict_slowest_head(self) -> bool:
+        """Cut the connection that has waited longest for its head, if any (the lock is held)."""
+        waiting = [(accepted, conn) for conn, (accepted, head_due) in self._clients.items() if head_due]
+        if not waiting:
+            return False
+        conn = min(waiting, key=lambda item: item[0])[1]
+        del self._clients[conn]   # its thread ends on the closed socket at once
+        _cut(conn)
+        return True
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, conn: socket.socket) -> None:
+        with self._clients_changed:
+            self._clients.pop(conn, None)
+            self._clients_changed.notify_all()
+
+    def server_close(self):
+        """Close the listening socket, then every open connection, and wait (a second at most) for their threads."""
+        super().server_close()
+        with self._clients_changed:
+            for conn in self._clients:
+                _cut(conn)
+            self._clients_changed.wait_for(lambda: not self._clients, timeout=1.0)
+
+
+def _cut(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def _printable(text: str, limit: int) -> str:
     """A client's text as one log line shows it: control characters escaped, cut at `limit`."""
     text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:limit])
@@ -264,16 +406,14 @@ def _printable(text: str, limit: int) -> str:
 
 
 def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=None,
-                negotiate: bool = True) -> ThreadingHTTPServer:
+                negotiate: bool = True) -> WheelhouseServer:
     """A ready server (not yet serving); `server.server_address[1]` is the port."""
     class Handler(WheelhouseHandler):   # one class per server: log_stream is set on it below
         negotiate_json = negotiate
 
     handler_cls = Handler
     handler = partial(handler_cls, directory=str(Path(wheelhouse).resolve()))
-    ThreadingHTTPServer.allow_reuse_address = True
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    server = WheelhouseServer((host, port), handler)
     # Opened once the port is ours: a refused start leaves no log file behind.
     try:
         handler_cls.log_stream = open(access_log, "a", buffering=1) if access_log else sys.stderr
@@ -283,16 +423,12 @@ def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=N
     return server
 
 
-class _Stop(Exception):
-    """SIGTERM: leave serve_forever at once (it would otherwise only notice a shutdown() call)."""
-
-
-def _stop(signum, frame):
-    raise _Stop
-
-
 def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None, negotiate: bool = True) -> None:
-    """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off."""
+    """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off.
+
+    The stop signals are blocked before any thread starts, so every thread inherits the mask and
+    the main thread alone takes them, with sigwait: none is ever raised inside the serving code
+    (where socketserver's error handler would swallow it and serve on)."""
     root = house_folder(wheelhouse)   # serving never makes a house: only publish does
     try:
         server = make_server(root, host, port, access_log, negotiate)
@@ -300,12 +436,27 @@ def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None
         raise BadInput("command line", "--port", port,
                        f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     shown_host = f"[{host}]" if ":" in host else host
-    previous = signal.signal(signal.SIGTERM, _stop)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    failed: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            server.serve_forever(poll_interval=0.1)
+        except BaseException as exc:  # handed to the main thread, which stops and raises it
+            failed.append(exc)
+
+    serving = threading.Thread(target=loop, name="farm-serve")
     try:
+        serving.start()
         print(f"serving {root} on http://{shown_host}:{server.server_address[1]}/", flush=True)
-        server.serve_forever(poll_interval=0.1)
-    except (KeyboardInterrupt, _Stop):
-        pass
+        while serving.is_alive() and signal.sigtimedwait(STOP_SIGNALS, 0.5) is None:
+            pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if serving.ident is not None:
+            server.shutdown()
         server.server_close()
+        while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:  # a second signal: the stop is under way
+            pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if failed:
+        raise failed[0]
