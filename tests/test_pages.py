@@ -83,6 +83,9 @@ def screenshot(pg, name: str, tmp_path: Path) -> Path:
 
 
 def choose(pg, url: str, platform: str, python: str, gpu: str, torch: str = "", package: str = "") -> str:
+    """The page's result once the choices are made. Each choice redraws it at once, except a package: its
+    wheel list is fetched, and the page is drawn again when it arrives. A caller that chose a package waits
+    for the content it expects (expect(...).to_have_text), since the first drawing already has a #verdict."""
     pg.goto(url + "/")
     pg.wait_for_selector("body[data-ready='1']")
     pg.select_option("#platform", platform)
@@ -112,12 +115,26 @@ def test_find_page_gives_the_channel_and_command_farm_find_gives_for_a_gpu_and_p
     screenshot(page, "find-rtx4090-linux", tmp_path)
 
 
+def slow_network(pg, latency_ms: int) -> None:
+    """Every request of `pg` answered `latency_ms` late, as on a loaded machine (Chromium's own throttling)."""
+    cdp = pg.context.new_cdp_session(pg)
+    cdp.send("Network.enable")
+    cdp.send("Network.emulateNetworkConditions", {"offline": False, "latency": latency_ms,
+                                                  "downloadThroughput": -1, "uploadThroughput": -1})
+
+
 def test_find_page_accepts_an_sm_and_pins_the_published_version_of_a_package(site, page, tmp_path):
+    """The package's wheel list (packages/drtk.json) is fetched when the package is chosen and arrives 1.5 s
+    late here: the page is read once the pin shows, not as soon as a first verdict is drawn."""
     url, _ = site
-    text = choose(page, url, "linux", "3.12", "sm_89", torch="2.8", package="drtk")
-    command = page.inner_text("#command")
-    assert command == (f"pip install --index-url {url}/cu128/torch2.8/ --extra-index-url https://pypi.org/simple "
-                       "'drtk==0.10.0+cu128torch2.8'"), text   # the highest version, not the last published
+    from playwright.sync_api import expect
+
+    slow_network(page, 1500)
+    choose(page, url, "linux", "3.12", "sm_89", torch="2.8", package="drtk")
+    # the highest version, not the last published; and the channel that holds it first
+    expect(page.locator("#command")).to_have_text(
+        f"pip install --index-url {url}/cu128/torch2.8/ --extra-index-url https://pypi.org/simple "
+        "'drtk==0.10.0+cu128torch2.8'", timeout=30_000)
     assert page.inner_text("#command-uv").startswith("uv pip install --index-url https://pypi.org/simple "
                                                      f"--extra-index-url {url}/cu128/torch2.8/")
     screenshot(page, "find-sm89-drtk", tmp_path)
