@@ -54,6 +54,7 @@ MAX_COMPONENTS = 32
 HEAD_TIMEOUT = 5.0     # seconds from the accept to a whole request head (pip sends it in one write)
 IDLE_TIMEOUT = 30.0    # seconds any later read or write may make no progress (a download stalled)
 MAX_CLIENTS = 64       # connections with a handler thread
+CLOSE_WAIT = 0.25      # seconds a stop waits for the threads of the connections it cut
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
@@ -282,8 +283,9 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         line = (f'{self.client_address[0]} - - [{stamp}] "{_printable(self.requestline, 1000)}" {code} {size} '
                 f'"{accept}" "{agent}"\n')
         with self.log_lock:
-            self.log_stream.write(line)
-            self.log_stream.flush()
+            if not getattr(self.server, "closed", False):
+                self.log_stream.write(line)
+                self.log_stream.flush()
 
     def log_error(self, format, *args):  # the request line is logged once by log_request
         pass
@@ -329,6 +331,7 @@ class WheelhouseServer(ThreadingHTTPServer):
     request_queue_size = MAX_CLIENTS
 
     def __init__(self, *args, **kwargs):
+        self.closed = False
         self._clients: dict[socket.socket, list] = {}   # connection -> [accepted at, head still due]
         self._clients_changed = threading.Condition()
         super().__init__(*args, **kwargs)
@@ -384,12 +387,15 @@ class WheelhouseServer(ThreadingHTTPServer):
             self._clients_changed.notify_all()
 
     def server_close(self):
-        """Close the listening socket, then every open connection, and wait (a second at most) for their threads."""
+        """Close the listening socket, then every open connection; wait a moment (CLOSE_WAIT) for their threads
+        to log their last line, then silence the log: a thread still busy past that writes nothing more."""
         super().server_close()
         with self._clients_changed:
             for conn in self._clients:
                 _cut(conn)
-            self._clients_changed.wait_for(lambda: not self._clients, timeout=1.0)
+            self._clients_changed.wait_for(lambda: not self._clients, timeout=CLOSE_WAIT)
+        with WheelhouseHandler.log_lock:
+            self.closed = True
 
 
 def _cut(conn: socket.socket) -> None:
