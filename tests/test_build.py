@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import zipfile
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from farmcli import PROJECT, run_farm
+from owned import containers_mounting, own_processes, owner_env
 from wheel_builder import demo_extension
 
 from farm.arch.fatbin import read_fatbin
@@ -94,24 +96,12 @@ def test_plat_below_the_image_glibc_is_refused_with_one_line(tmp_path):
     assert not out.exists() or not list(out.rglob("*.whl"))
 
 
-def _containers_mounting(folder: Path) -> list[str]:
-    """Containers (running or not) with a mount from inside `folder`: the ones a build there made."""
-    from farm.runners.engine import ensure_engine
-
-    engine = ensure_engine()
-    ids = subprocess.run([engine.exe, "ps", "-aq"], capture_output=True, text=True).stdout.split()
-    sources = {i: subprocess.run([engine.exe, "inspect", "--format", "{{range .Mounts}}{{.Source}} {{end}}", i],
-                                 capture_output=True, text=True).stdout for i in ids}
-    return [i for i, text in sources.items() if str(folder) in text]
-
-
 @pytest.mark.slow
 @pytest.mark.container
 def test_sigterm_to_farm_build_removes_its_container(tmp_path):
     """`kill` of a container build (a CI job's timeout does the same): the farm ends with 143 and its
     container goes with it, instead of compiling on with every core."""
     import signal
-    import sys
     import time
 
     out = tmp_path / "out"
@@ -121,16 +111,16 @@ def test_sigterm_to_farm_build_removes_its_container(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
-        while not _containers_mounting(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+        while not containers_mounting(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(1)
-        assert proc.poll() is None and _containers_mounting(tmp_path), "the build never started its container"
+        assert proc.poll() is None and containers_mounting(tmp_path), "the build never started its container"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143 and err.strip().splitlines()[-1:] == ["farm: terminated"], err[-2000:]
-    assert _containers_mounting(tmp_path) == []
+    assert containers_mounting(tmp_path) == []
 
 
 # ---------------------------------------------------------------- failure cases: one line, no wheel
@@ -273,26 +263,37 @@ def test_setup_py_opening_a_socket_fails_the_compile(recipes, tmp_path, runner):
     (recipes / "net_probe.yml").write_text(recipe_text("net_probe", f"  path: {src}").replace(
         "requires_dist: [numpy]\n", ""))
     out = tmp_path / "out"
+    owner = owner_env()
     res = farm_build("net_probe-cu130-torch2.13-py311", "--runner", runner, "--no-publish", "--out", str(out),
-                     env={"FARM_RECIPES": str(recipes)}, timeout=1800)
+                     env={"FARM_RECIPES": str(recipes), **owner}, timeout=1800)
     assert res.returncode == 1, res.stdout + res.stderr
     log = (out / "compile.log").read_text()
     assert "farm-test: network blocked during compile" in log
     assert "the network was reachable" not in log
     assert not list(out.rglob("*.whl"))
-    assert not import_check_children("3.11"), "the import check's early child outlived the failed compile"
+    assert not import_check_children(owner, tmp_path), "the import check's early child outlived the failed compile"
 
 
-def import_check_children(python: str) -> list[int]:
-    """Processes running farm.build.verify's import child (started with the compile step) in a torch environment
-    of `python`: the test's cells use a Python that other builds on this machine (e.g. the cu130 py3.12
-    status builds) do not, so their import children are not mistaken for the test's."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            if proc.name.isdigit() and b"FARM-IMPORT " in cmdline and f"-py{python}.".encode() in cmdline:
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+def import_check_children(owner: dict[str, str], folder: Path) -> list[str]:
+    """Processes running farm.build.verify's import child (started with the compile step) that the test's own
+    build started: on the host they carry the test's marker (owner_env()), in a container they see a mount from
+    the test's folder. Another build's or test run's import child, beside this one, is never counted."""
+    return own_processes(owner, folder, b"FARM-IMPORT ")
+
+
+def test_import_check_children_counts_only_the_tests_own(tmp_path):
+    """An import child of another build (no marker, no mount of ours) is running beside: it is not counted;
+    one carrying the test's marker is."""
+    owner = owner_env()
+    argv = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)", "FARM-IMPORT {}",
+            "/cache/envs/cu130-torch2.13-py3.11.9/bin/python"]
+    theirs = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    ours = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, **owner})
+    try:
+        assert theirs.stdout.readline() == ours.stdout.readline() == "up\n"
+        assert [int(p.split(":")[0]) for p in import_check_children(owner, tmp_path)] == [ours.pid]
+        assert import_check_children(owner_env(), tmp_path) == []
+    finally:
+        for proc in (theirs, ours):
+            proc.kill()
+            proc.wait()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from owned import processes_mentioning
 
 from farm.build.compile import compile_wheel
 from farm.errors import CompileFailed
@@ -200,7 +201,10 @@ def test_the_wrapper_samples_the_cpu_of_finished_calls_and_prices_the_cell_from_
         subprocess.run(["nvcc", "-c", name, gencode], env=env, check=True)
     subprocess.run(["nvcc", "--version"], env=env, check=True)   # finishes, but compiles nothing: not sampled
     killed = subprocess.Popen(["nvcc", "-c", "x.cu", gencode], env=env, start_new_session=True)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30   # killed once the wrapper has recorded the call, however slow the machine
+    while ["-c", "x.cu", gencode] not in read_nvcc_calls(calls):
+        assert time.monotonic() < deadline and killed.poll() is None, "the wrapper never recorded the call"
+        time.sleep(0.01)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     cpu = read_nvcc_cpu(calls)
@@ -249,19 +253,11 @@ def test_the_cuda_objects_are_counted_from_the_builds_ninja_files(tmp_path):
 def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
     from farm.build.compile import compile_wheel
 
-    marker = f"farm-test-sleeper-{os.getpid()}"
+    marker = f"farm-test-sleeper-{os.getpid()}-{time.time_ns()}"   # this test's alone
     src = source(tmp_path, BACKEND.replace(
         '    _log("build_wheel")', f'    import subprocess; subprocess.Popen(["sh", "-c", "sleep 300; : {marker}"]); '
                                   '_log("sleeper started"); subprocess.run(["sleep", "300"])'))
     wheel = compile_wheel(src, sys.executable, {"PATH": os.environ["PATH"]}, tmp_path / "out", tmp_path / "c.log",
                           stop_after=3)
     assert wheel is None and "# stopped after" in (tmp_path / "c.log").read_text()
-    alive = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(marker)]
-    assert alive == [], "a grandchild of the stopped compile is still running"
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
+    assert processes_mentioning(marker) == [], "a grandchild of the stopped compile is still running"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from farmcli import PROJECT, run_farm
+from owned import containers_mounting, processes_mentioning
 
 from farm.runners.engine import default_limits, ensure_engine
 
@@ -172,33 +173,6 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _containers_mounting(path: str) -> list[str]:
-    """Containers (running or not) with a mount from under `path`: the container runner's steps."""
-    from farm.runners.engine import Engine
-
-    engine = Engine.available()
-    if engine is None:
-        return []
-    ids = subprocess.run([engine.exe, "ps", "-a", "-q"], capture_output=True, text=True, check=True).stdout.split()
-    if not ids:
-        return []
-    info = json.loads(subprocess.run([engine.exe, "inspect", *ids], capture_output=True, text=True, check=True).stdout)
-    return [c["Id"][:12] for c in info if any(m.get("Source", "").startswith(path) for m in c.get("Mounts") or [])]
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd:
-                found.append(f"{entry.name}: {cmd[:200]}")
-    return found
-
-
 HOLD = """\
 # farm test: the first Python 3.12 build of this tree stops here until the run is interrupted. The
 # 'once' marker lives in the compiler cache folder (mounted, and kept between builds) so the restart
@@ -262,9 +236,10 @@ def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(tmp_path
         cells = assert_report_agrees_with_manifest(house)
         assert cells[PY312]["status"] == "interrupted" and cells[PY311]["status"] == "built"
         assert report(house)["exit_code"] == 130
-        assert not _processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
-        assert not _containers_mounting(str(build / PY312)), "a container of the interrupted cell is left"
-        assert not _processes_mentioning(f"--child {PY312}")
+        # only this run's: its build folder is in every step's command line and mounted into every container
+        assert not processes_mentioning(str(build / PY312)), "a step of the interrupted cell still runs"
+        assert not containers_mounting(build / PY312), "a container of the interrupted cell is left"
+        assert not processes_mentioning(f"--child {PY312}", str(build))
         assert [e["cell"] for e in manifest(house)] == [PY311]
         finished = wheel_stat(house, PY311)
 
