@@ -297,11 +297,18 @@ def test_a_plain_step_that_says_nothing_for_a_while_says_it_still_runs():
     lines = out.getvalue().splitlines()
     assert lines[0] == "[farm build] env: start" and lines[-1] == "[farm build] env: done in 0.5s"
     assert all(re.fullmatch(r"\[farm build\] env: running for \d+\.\ds", ln) for ln in lines[1:-1]) and lines[1:-1]
-    silent = StringIO()
+    # quiet: no heartbeat either, for as long as a display beside it has given two (a condition, not a sleep)
+    silent, beside = StringIO(), StringIO()
     quiet = StepDisplay(plain=True, stream=silent, heartbeat=0.2, quiet=True)
+    loud = StepDisplay(plain=True, stream=beside, heartbeat=0.2)
     quiet(Event("env", "start"))
-    time.sleep(0.5)
+    loud(Event("env", "start"))
+    deadline = time.monotonic() + 10
+    while beside.getvalue().count("env: running for") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     quiet.close()
+    loud.close()
+    assert beside.getvalue().count("env: running for") >= 2
     assert silent.getvalue() == ""
 
 
