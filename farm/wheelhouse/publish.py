@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 from farm.errors import BadInput, PublishConflict
 from farm.settings import display
 from farm.versions import minor_of
-from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
+from farm.wheelhouse.index import FILES, PUT_BACK, Config, House, Site, channel_lines, unpaged, update
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
 from farm.wheelhouse.manifest import (
@@ -181,12 +181,12 @@ def _stage(root: Path, p: _Prepared) -> None:
     """Copy under a temporary dot-name next to its final place, hashing on the way; fsync."""
     outside = files_not_a_folder(root)
     if outside:
-        raise BadInput(display(root / FILES), None, None, f"not a real folder ({outside}); `farm index recover` "
-                                                          "removes it; nothing published")
+        raise BadInput(display(root / FILES), None, None, f"not a real folder ({outside}); {PUT_BACK}; "
+                                                          "nothing published")
     folder = root / FILES / p.name.project
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise BadInput(display(folder), None, None, "not a real folder (a symlink or a file); `farm index recover` "
-                                                    "removes it; nothing published")
+        raise BadInput(display(folder), None, None, f"not a real folder (a symlink or a file); {PUT_BACK}; "
+                                                    "nothing published")
     folder.mkdir(parents=True, exist_ok=True)
     p.temp = folder / f".{p.name.file}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     digest = hashlib.sha256()
