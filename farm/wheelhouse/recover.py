@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from farm.errors import BadInput
+from farm.errors import BadInput, shorten
 from farm.settings import display
 from farm.wheelhouse.index import FILES, rebuild_pages
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, house_files, what_it_is
@@ -60,22 +60,38 @@ class RecoverResult:
     pages: int = 0
 
 
-def _build_record(zf: zipfile.ZipFile) -> dict:
-    """The wheel's own .dist-info/farm_build.json, or {} when it has none or it is not a JSON object."""
+def carried_record(path: Path) -> dict:
+    """The build record a wheel carries in its own .dist-info/farm_build.json ({} when it has none, or when
+    the file is not a readable farm wheel: listing it fails later, and says why). One it carries in another
+    form than the build writes (design.md §4.5), or at odds with its label, is refused: BadInput naming the
+    wheel, the key and the value."""
     from farm.build.label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
-    names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
-    if len(names) != 1:
-        return {}
+    from farm.build.verify.wheel import ZIP_READ_ERRORS
     try:
-        rec = json.loads(zf.read(names[0]))
-    except (ValueError, zipfile.BadZipFile, OSError):
+        wn = parse_wheel_name(path.name, str(path))
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
+            data = zf.read(names[0]) if len(names) == 1 else None
+    except (BadInput, *ZIP_READ_ERRORS):
         return {}
-    return rec if isinstance(rec, dict) else {}
+    if data is None:
+        return {}
+    where = f"{display(path)} {BUILD_INFO_NAME}"
+    fix = "nothing changed; move the wheel away, or publish it with a good --record"
+    try:
+        rec = json.loads(data)
+    except ValueError as exc:   # UnicodeDecodeError too
+        raise BadInput(where, None, None, f"not JSON ({shorten(str(exc), 80)}); {fix}") from None
+    try:
+        _check_record(where, wn, rec)
+    except BadInput as exc:
+        raise BadInput(exc.where, exc.key, exc.value, f"{exc.problem}; {fix}") from None
+    return rec
 
 
-def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
-    """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
-    from farm.build.label import BUILD_INFO_NAME
+def _derive(path: Path, project: str, when: str, rec: dict) -> tuple[ManifestEntry, bytes]:
+    """A record for a wheel file no record accounts for, from the file and the build record it carries
+    (BadInput when it cannot be listed)."""
     from farm.build.verify.wheel import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
@@ -85,12 +101,6 @@ def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     if problems:
         raise BadInput(str(path), None, None, f"not a sound wheel file: {problems[0]}")
     metadata, name, requires = read_metadata(path, wn)
-    with zipfile.ZipFile(path) as zf:
-        rec = _build_record(zf)
-    try:
-        _check_record(BUILD_INFO_NAME, wn, rec)
-    except BadInput:
-        rec = {}
     st = path.stat()
     p = _Prepared(path, wn, metadata, requires, {**rec, "recovered": when}, metadata_name=name,
                   sha256=file_sha256(path), size=st.st_size)
@@ -195,8 +205,9 @@ def recover(wheelhouse) -> RecoverResult:
                     continue
                 metadata = _wheel_metadata(path)
             else:
+                rec = carried_record(path)   # a forged one: refused before anything is written
                 try:
-                    e, metadata = _derive(path, project, now)
+                    e, metadata = _derive(path, project, now, rec)
                 except (BadInput, zipfile.BadZipFile, OSError) as exc:
                     result.left.append(f"{rel}: {exc}")
                     continue
