@@ -115,11 +115,22 @@ def test_project_folders_are_pep503_normalised_whatever_the_spelling(house, whee
 
 
 def test_every_string_reaching_html_is_escaped(house, wheels):
-    """A build record's cell id reaches pages through the yank reason: it must arrive escaped."""
+    """A build record's cell id reaches pages through the yank reason: a record is refused with markup in
+    it (design.md §4.5), and one that reaches the journal some other way still arrives escaped."""
+    from farm.wheelhouse.manifest import frame, unframe
+
     cell = 'x<script>alert("1")</script>&'
+    with pytest.raises(BadInput, match="cell"):
+        publish([make_wheel(wheels, build="9")], house, record={"cell": cell, "build_key": "k9"})
     for build in ("1", "2", "3"):
         w = make_wheel(wheels, build=build)
-        publish([w], house, record={"cell": cell, "build_key": f"k{build}"})
+        publish([w], house, record={"cell": "drtk-cu128-torch2.8-py311", "build_key": f"k{build}"})
+    journal = house / "manifest.jsonl"
+    journal.write_text("".join(frame(unframe(line).replace('"cell":"drtk-cu128-torch2.8-py311"',
+                                                           f'"cell":{json.dumps(cell)}')) + "\n"
+                               for line in journal.read_text().splitlines()))
+    (house / ".manifest.idx").unlink(missing_ok=True)
+    rebuild(house)
     text = (house / "cu128/torch2.8/drtk/index.html").read_text()
     assert "<script>" not in text and "&lt;script&gt;" in text and "&amp;" in text
     yanked = [d for d in links(house / "cu128/torch2.8/drtk/index.html") if "data-yanked" in d]
@@ -349,7 +360,7 @@ def test_incremental_publishes_through_the_journal_cache_give_the_pages_a_rebuil
     for i in range(14):
         name = ["drtk", "tfree", "My_Ext"][i % 3]
         publish([make_wheel(wheels, name, f"0.{i}.0+{labels[i % len(labels)]}")], house,
-                record={"cell": f"{name}-cell-{i % 4}"})
+                record={"cell": f"{name.lower()}-cu128-py31{i % 4}"})
         if i == 6:
             with open(house / "manifest.jsonl", "a") as fh:
                 fh.write('{"op":"add","file":"torn')

@@ -185,12 +185,13 @@ def test_sigkill_of_farm_publish_at_50_random_moments(tmp_path):
 
 
 WORKER = """
+import re
 import sys
 from pathlib import Path
 from farm.wheelhouse import publish
 house, wheels = sys.argv[1], sys.argv[2:]
-for w in wheels:
-    publish([w], house, record={"cell": Path(w).name})
+for w in wheels:   # a cell of its own per wheel (a cell id, design.md §5.2): retention yanks none
+    publish([w], house, record={"cell": re.sub(r"[^a-z0-9]", "", Path(w).name.lower())[:60] + "-cu128-py311"})
 """
 
 

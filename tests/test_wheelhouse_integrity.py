@@ -151,7 +151,9 @@ def test_recover_twice_frames_every_line_once_a_remove_record_too(built):
     assert verify(house) == []
 
 
-def test_files_as_a_symlink_is_reported_refused_by_publish_and_recover_removes_only_the_link(built, tmp_path):
+def test_files_as_a_symlink_is_reported_and_refused_by_publish_and_recover_changing_nothing(built, tmp_path):
+    # issue 33 item 2: recover removed the link, then wrote a `remove` record for every wheel ("the wheel
+    # file is gone") while their bytes sat at the link's target; verify then passed an empty index.
     house, wheels = built
     target = tmp_path / "elsewhere"
     shutil.move(house / "files", target)
@@ -161,16 +163,98 @@ def test_files_as_a_symlink_is_reported_refused_by_publish_and_recover_removes_o
     outside = tree_state(target)
     res = run_farm("index", "verify", "--wheelhouse", house, check=False)
     assert res.returncode == 1 and f"files: a symlink to {target}, not a folder" in res.stdout, res.stdout
-    assert "Traceback" not in res.stderr
+    assert "recover` removes" not in res.stdout and "Traceback" not in res.stderr
     before = tree_state(house)
     other = make_wheel(tmp_path / "in2", "drtk", "0.2.0+cu128torch2.8")
-    assert_one_line_refusal(run_farm("publish", other, "--wheelhouse", house, check=False), 2, "farm index recover")
+    assert_one_line_refusal(run_farm("publish", other, "--wheelhouse", house, check=False), 2, "files")
     assert tree_state(house) == before and tree_state(target) == outside
-    fixed = run_farm("index", "recover", "--wheelhouse", house, check=False)
-    assert fixed.returncode == 0 and "removed files " in fixed.stdout, (fixed.stdout, fixed.stderr)
-    assert tree_state(target) == outside        # nothing inside the link's target removed or written
-    assert not (house / "files").is_symlink()
-    assert run_farm("index", "verify", "--wheelhouse", house, check=False).returncode == 0
+    line = assert_one_line_refusal(run_farm("index", "recover", "--wheelhouse", house, check=False), 2,
+                                   f"a symlink to {target}")
+    assert "nothing changed" in line
+    assert tree_state(house) == before and tree_state(target) == outside
+    assert (house / "files").is_symlink() and len(read_journal(house).entries) == len(wheels)
+
+
+def _files_moved(house: Path, tmp_path: Path) -> None:
+    shutil.move(house / "files", tmp_path / "elsewhere")
+
+
+def _files_a_file(house: Path, tmp_path: Path) -> None:
+    _files_moved(house, tmp_path)
+    (house / "files").write_text("not a folder\n")
+
+
+def _project_linked(house: Path, tmp_path: Path) -> None:
+    shutil.move(house / "files/drtk", tmp_path / "elsewhere")
+    (house / "files/drtk").symlink_to(tmp_path / "elsewhere")
+
+
+def _project_a_file(house: Path, tmp_path: Path) -> None:
+    shutil.move(house / "files/drtk", tmp_path / "elsewhere")
+    (house / "files/drtk").write_text("not a folder\n")
+
+
+def _project_a_fifo(house: Path, tmp_path: Path) -> None:
+    shutil.move(house / "files/drtk", tmp_path / "elsewhere")
+    os.mkfifo(house / "files/drtk")
+
+
+def _stray_link(house: Path, tmp_path: Path) -> None:
+    # no record names this project: a folder of wheels linked in (a journal lost) is still not recover's to drop
+    (tmp_path / "elsewhere").mkdir()
+    (house / "files/other").symlink_to(tmp_path / "elsewhere")
+
+
+# case -> (damage, the path the refusal names, what it says)
+UNSEEN = {
+    "files a symlink to nowhere": (lambda h, t: (shutil.rmtree(h / "files"), (h / "files").symlink_to(t / "gone")),
+                                   "files", "a symlink to"),
+    "files a file": (_files_a_file, "files", "a file"),
+    "files missing": (_files_moved, "files", "missing"),
+    "project folder a symlink": (_project_linked, "files/drtk", "a symlink"),
+    "project folder a file": (_project_a_file, "files/drtk", "a file"),
+    "project folder a FIFO": (_project_a_fifo, "files/drtk", "not a regular file"),
+    "an unrecorded project a symlink": (_stray_link, "files/other", "a symlink"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSEEN))
+def test_recover_never_takes_a_folder_it_cannot_see_for_wheels_that_are_gone(built, tmp_path, case):
+    house, wheels = built
+    damage, where, said = UNSEEN[case]
+    damage(house, tmp_path)
+    journal = (house / "manifest.jsonl").read_bytes()
+    before = tree_state(tmp_path)
+    line = assert_one_line_refusal(run_farm("index", "recover", "--wheelhouse", house, check=False), 2,
+                                   f"{house}/{where}: ")
+    assert said in line and "nothing changed" in line, line
+    assert tree_state(tmp_path) == before and (house / "manifest.jsonl").read_bytes() == journal
+    res = run_farm("index", "verify", "--wheelhouse", house, check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr and "recover` removes" not in res.stdout, res
+
+
+@pytest.mark.parametrize("case", ["project folder a file", "project folder a FIFO"])
+def test_rebuild_refuses_a_project_folder_it_cannot_list_even_when_allowed_to_shrink(built, tmp_path, case):
+    house, _ = built
+    UNSEEN[case][0](house, tmp_path)
+    before = tree_state(tmp_path)
+    for extra in ([], ["--allow-shrink"]):
+        res = run_farm("index", "rebuild", *extra, "--wheelhouse", house, check=False)
+        assert_one_line_refusal(res, 2, f"{house}/files/drtk: ")
+        assert tree_state(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a folder whatever its mode")
+def test_recover_refuses_a_project_folder_it_may_not_read(built, tmp_path):
+    house, _ = built
+    journal = (house / "manifest.jsonl").read_bytes()
+    (house / "files/drtk").chmod(0)
+    try:
+        res = run_farm("index", "recover", "--wheelhouse", house, check=False)
+        assert_one_line_refusal(res, 2, "files/drtk")
+        assert (house / "manifest.jsonl").read_bytes() == journal
+    finally:
+        (house / "files/drtk").chmod(0o755)
 
 
 def test_verify_reports_a_wheel_whose_metadata_deflate_stream_is_damaged_without_a_traceback(built):

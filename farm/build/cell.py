@@ -25,6 +25,7 @@ from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, reci
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
 from farm.platforms import host_arch
 from farm.recipes.buildkey import KeyMaker, context_for
+from farm.recipes.buildrecord import write_record
 from farm.recipes.cells import Cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
@@ -33,7 +34,6 @@ from farm.runners import images
 from farm.runners.base import Runner
 from farm.runners.emulation import is_emulated
 from farm.runners.host import HostRunner
-from farm.yamlio import write_atomic
 
 if TYPE_CHECKING:
     from farm.build.display import Outcome
@@ -371,8 +371,7 @@ def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
         return _flags_result(job.cell, job.out, setup.record_base, job.started, job.log)
     _run_phase(job, setup, "env,toolkit,compile,label,repair,verify", job.runner, setup.inside_spec, network=False)
     wheel, record = _built_record(job, setup)
-    record_path = job.out / "build.json"
-    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    record_path = write_record(job.out / "build.json", record)   # checked: its readers' schema (design.md §4.5)
     if job.publish:
         from farm.wheelhouse import publish as publish_wheels
 
@@ -499,8 +498,7 @@ def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> Bu
     record = {**record_base, "wheel": None, "flags": flags, "steps": state.get("timings", {}),
               "source": state.get("source"), "seconds": round(time.time() - started, 1),
               "peak_process_mb": state["compile"].get("peak_process_mb"), "log": str(out / "build.log")}
-    record_path = out / "build.json"
-    write_atomic(record_path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    record_path = write_record(out / "build.json", record)
     log(f"{cell.id}: {flags_summary(flags)}")
     return BuildResult(cell.id, "flags", None, record, record_path)
 

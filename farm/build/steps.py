@@ -203,12 +203,14 @@ class Steps:
     # ----- 5. label --------------------------------------------------------------
 
     def label(self) -> dict:
-        from farm.build.label import label_wheel
+        from farm.build.label import BUILD_INFO_NAME, label_wheel
+        from farm.recipes.buildrecord import check_build_record
 
         raw = Path(self.state["compile"]["wheel"])
         info = {**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
                 "toolkit": (self.state.get("toolkit") or {}).get("version"),
                 "source": self.state.get("source")}
+        check_build_record(BUILD_INFO_NAME, info)   # what recover reads back (design.md §4.5)
         requires = None if self.recipe.requires_dist is None else list(self.recipe.requires_dist)
         labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell.local_label,
                                build_number=self.spec.build_number, requires_dist=requires, build_info=info,

@@ -2,7 +2,10 @@
 
 A record (`recipes/records/<name>.json`, small, committed) is written by the build itself: at the
 end of `farm build --record` (full or smoke), of a flags run, or of a failed build (tier `failed`,
-with the first compiler error line); `farm recipes block NAME --why ...` writes a `blocked` one.
+with the first compiler error line); `farm recipes block NAME --why ...` writes a `blocked` one, keeping
+the last measured build beside the reason (`last_build`): a build recorded while blocked becomes the new
+`last_build`, and `farm recipes unblock NAME` puts it back. Every record is checked by the build record's
+one schema (farm/recipes/buildrecord.py) when written and when read.
 The table (`docs/recipe-status.md`) is generated from those records and never edited by hand:
 every recipe has a row, "not built yet" when it has no record.
 """
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm import __version__, settings
 from farm.errors import BadInput, shorten
+from farm.recipes.buildrecord import RECORD_TIERS, check_build_record, write_record
 from farm.recipes.cells import cell_id
 from farm.yamlio import write_atomic
 
@@ -27,7 +31,6 @@ if TYPE_CHECKING:
 
 # The cell every recipe's status is measured on (x86_64; torch-free and abi3 recipes have their own id).
 STATUS_CUDA, STATUS_TORCH, STATUS_PYTHON, STATUS_PLATFORM = "13.0", "2.13", "3.12", "linux"
-RECORD_TIERS = ("full", "smoke", "flags", "failed", "blocked")
 NOT_BUILT = "not built yet"
 STATUS_DOC = "docs/recipe-status.md"
 COLUMNS = ("recipe", "source pin", "patches", "tier", "cell", "wall", "peak mem", "wheel", "SASS", "PTX", "gate",
@@ -138,55 +141,102 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
         line = first_error(out / "compile.log") if "compile" in (state.get("failed") or {}) else None
         line = line or re.sub(r"\s*\(log: [^)]*\)$", "", reason or "")
         record["reason"] = shorten(_portable(line, work_src, out, settings.PROJECT_ROOT))
-    return _write(recipe.name, record)
+    return save_record(recipe.name, record)
 
 
 def write_blocked_record(name: str, why: str, cell: str, folder: Path | None = None) -> Path:
-    return _write(name, {"recipe": name, "cell": cell, "tier": "blocked", "date": _now(), "reason": why,
-                         "farm_version": __version__}, folder)
+    """A `blocked` record with the last measured build beside the reason (the one a block replaces keeps
+    its own); a malformed record it would keep is refused, nothing written."""
+    folder = records_folder(folder, "farm recipes block")
+    old = _existing(folder / f"{name}.json", strict=True)
+    record: dict[str, object] = {"recipe": name, "cell": cell, "tier": "blocked", "date": _now(), "reason": why,
+              "farm_version": __version__}
+    last = (old or {}).get("last_build") if (old or {}).get("tier") == "blocked" else old
+    if last:
+        record["last_build"] = last
+    return _write_checked(folder / f"{name}.json", record)
 
 
-def _write(name: str, record: dict, folder: Path | None = None) -> Path:
-    path = Path(folder or records_dir()) / f"{name}.json"
-    write_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+def unblock(name: str, folder: Path | None = None) -> Path:
+    """Put the last measured build back in place of a `blocked` record (none: the recipe is not built yet)."""
+    path = records_folder(folder, "farm recipes unblock") / f"{name}.json"
+    old = _existing(path, strict=True)
+    if not old or old.get("tier") != "blocked":
+        raise BadInput(settings.display(path), "tier", (old or {}).get("tier"), f"{name} is not blocked")
+    if old.get("last_build"):
+        return _write_checked(path, old["last_build"])
+    path.unlink()
     return path
+
+
+def save_record(name: str, record: dict, folder: Path | None = None) -> Path:
+    """Write a build's record; while the recipe is blocked it becomes the block's `last_build` (a block
+    stays until `farm recipes unblock`)."""
+    path = Path(folder or records_dir()) / f"{name}.json"
+    old = _existing(path, strict=False)
+    if old and old.get("tier") == "blocked" and record.get("tier") != "blocked":
+        record = {**old, "last_build": record}
+    return _write_checked(path, record)
+
+
+def _write_checked(path: Path, record: dict) -> Path:
+    where = settings.display(path)
+    check_build_record(where, record.get("last_build") or {}, prefix="last_build.")
+    return write_record(path, record, where)
+
+
+def records_folder(folder: Path | None, verb: str) -> Path:
+    """The records folder a verb writes into: an existing folder, else one line (exit 2), nothing created."""
+    path = Path(folder or records_dir())
+    if not path.is_dir():
+        what = "not a folder" if path.exists() or path.is_symlink() else "no such folder (nothing created)"
+        raise BadInput(verb, "--records", settings.display(path), what)
+    return path
+
+
+def _existing(path: Path, strict: bool) -> dict | None:
+    """The record at `path` (None when there is none); a malformed one is refused when `strict`, else
+    taken for none (a build's fresh record replaces it)."""
+    if not path.exists():
+        return None
+    try:
+        return read_record(path)
+    except BadInput:
+        if strict:
+            raise
+        return None
 
 
 # ---------------------------------------------------------------- reading
 
 def read_records(folder: Path) -> dict[str, dict]:
     """Every `<name>.json` in `folder`, checked: a bad one is refused naming the file, key and value."""
-    records = {}
-    for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
-        where = settings.display(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise BadInput(where, None, None, f"not a JSON build record: {exc}") from None
-        if not isinstance(data, dict):
-            raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
-        if data.get("recipe") != path.stem:
-            raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.stem}.json must name {path.stem}")
-        if data.get("tier") not in RECORD_TIERS:
-            raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
-        for key in ("cell", "date"):
-            if not isinstance(data.get(key), str) or not data[key]:
-                raise BadInput(where, key, data.get(key), "expected a non-empty string")
-        if data["tier"] in ("failed", "blocked") and not (isinstance(data.get("reason"), str) and data["reason"]):
-            raise BadInput(where, "reason", data.get("reason"), f"a {data['tier']} record says why in one line")
-        for key in ("wall_s", "peak_mb", "wheel_bytes"):
-            if data.get(key) is not None and (not isinstance(data[key], (int, float)) or isinstance(data[key], bool)
-                                              or data[key] < 0):
-                raise BadInput(where, key, data[key], "expected a number >= 0")
-        for key in ("cores", "max_jobs", "nvcc_threads"):
-            if data.get(key) is not None and (not isinstance(data[key], int) or isinstance(data[key], bool)
-                                              or data[key] < 1):
-                raise BadInput(where, key, data[key], "expected a whole number >= 1")
-        for key in ("sass", "ptx"):
-            if not isinstance(data.get(key, []), list):
-                raise BadInput(where, key, data[key], "expected a list like ['sm_80', 'sm_90']")
-        records[path.stem] = data
-    return records
+    return {path.stem: read_record(path)
+            for path in (sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else [])}
+
+
+def read_record(path: Path) -> dict:
+    """One `<name>.json`: the build record's schema, and what a recipe's record must say besides."""
+    where = settings.display(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(where, None, None, f"not a JSON build record: {shorten(str(exc), 120)}") from None
+    if not isinstance(data, dict):
+        raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
+    if data.get("recipe") != path.stem:
+        raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.stem}.json must name {path.stem}")
+    if data.get("tier") not in RECORD_TIERS:
+        raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
+    for key in ("cell", "date"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise BadInput(where, key, data.get(key), "expected a non-empty string")
+    if data["tier"] in ("failed", "blocked") and not (isinstance(data.get("reason"), str) and data["reason"]):
+        raise BadInput(where, "reason", data.get("reason"), f"a {data['tier']} record says why in one line")
+    check_build_record(where, data)
+    if data.get("last_build") is not None:
+        check_build_record(where, data["last_build"], prefix="last_build.")
+    return data
 
 
 # ---------------------------------------------------------------- the table
@@ -236,13 +286,19 @@ def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list
     rows = []
     for name in sorted(recipes):
         recipe, rec = recipes[name], records.get(name, {})
+        if rec.get("tier") == "blocked" and rec.get("last_build"):   # its figures, the block's words
+            last = rec["last_build"]
+            rec = {**{k: v for k, v in last.items() if k != "tier_asked"},
+                   **{k: rec[k] for k in ("tier", "date", "reason", "cell")},
+                   "tier_note": f"last build {last.get('tier')}"}
         patches = [p["file"] for p in rec.get("patches") or []] if rec.get("patches") else \
             [p.file for p in recipe.patches]
         peak = rec.get("peak_mb")
         hits = (rec.get("compiler_cache") or {}).get("hits")
         rows.append({
             "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
-            "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else ""),
+            "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else "")
+            + (f" ({rec['tier_note']})" if rec.get("tier_note") else ""),
             "cell": rec.get("cell") or status_cell_id(recipe), "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
             "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
             "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
@@ -317,6 +373,10 @@ def register_verbs(verbs) -> None:
     block.add_argument("--why", required=True, help="one line: what blocks it")
     block.add_argument("--records", type=Path, help="records folder (default recipes/records)")
     block.set_defaults(func=block_command)
+    unblocked = verbs.add_parser("unblock", help="put a blocked recipe's last measured build record back")
+    unblocked.add_argument("name")
+    unblocked.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    unblocked.set_defaults(func=unblock_command)
     rebuild = verbs.add_parser("rebuild", help="build the named recipes' status cells one at a time, record them, "
                                                "regenerate the table")
     rebuild.add_argument("names", nargs="+")
@@ -350,6 +410,14 @@ def block_command(args) -> int:
     recipe = _known(args.name)
     path = write_blocked_record(recipe.name, why, status_cell_id(recipe), args.records)
     print(f"{recipe.name}: blocked ({why}); recorded in {settings.display(path)}")
+    return 0
+
+
+def unblock_command(args) -> int:
+    recipe = _known(args.name)
+    path = unblock(recipe.name, args.records)
+    state = "its last build put back" if path.exists() else "not built yet"
+    print(f"{recipe.name}: unblocked ({state}) in {settings.display(path)}")
     return 0
 
 

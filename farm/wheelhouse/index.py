@@ -40,6 +40,7 @@ PACKAGES = "packages.json"
 PACKAGES_DIR = "packages"
 CONFIG = "config.json"
 FILES = "files"
+PUT_BACK = "put the real folder in its place"   # what no command guesses for a files/ it cannot see (design.md §9.5)
 API_VERSION = "1.1"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # Platforms a platform-independent wheel is repeated under in the comfy-env view.
@@ -530,10 +531,14 @@ def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[st
     idx = JournalIndex.load(root)
     present, missing = [], []
     for project in idx.projects():
+        folder = root / FILES / project
         try:  # one directory listing per project instead of two stats per wheel
-            names = set(os.listdir(os.path.join(root, FILES, project)))
+            names = set(os.listdir(folder))
         except FileNotFoundError:
             names = set()
+        except OSError as exc:   # there but not listable: never read as wheels that are gone (design.md §9.5)
+            raise BadInput(display(folder), None, None, f"cannot be listed ({exc.strerror or exc}); nothing written; "
+                                                        f"{PUT_BACK}") from None
         for e in idx.entries(project):
             if e.file in names and e.file + ".metadata" in names:
                 present.append(e)

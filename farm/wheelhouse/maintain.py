@@ -23,6 +23,7 @@ from farm.settings import default_wheelhouse, display
 from farm.wheelhouse.index import (
     COMPAT,
     FILES,
+    PUT_BACK,
     SIMPLE,
     Config,
     House,
@@ -98,31 +99,41 @@ def files_not_a_folder(root: Path) -> str | None:
         st = (root / FILES).lstat()
     except FileNotFoundError:
         return None
+    return None if stat.S_ISDIR(st.st_mode) else what_it_is(root / FILES, st)
+
+
+def what_it_is(path: Path, st: os.stat_result) -> str:
+    """An entry in words: "a folder", "a symlink to X", "a file", "not a regular file"."""
     kind = _kind(st)
-    if kind == "a folder":
-        return None
-    return f"a symlink to {os.readlink(root / FILES)}" if kind == "a symlink" else kind or "a file"
+    return f"a symlink to {os.readlink(path)}" if kind == "a symlink" else kind or "a file"
+
+
+def _listing(folder: Path) -> list[os.DirEntry]:
+    """A folder's entries by name; a folder that is there but cannot be listed is refused (BadInput), never
+    read as an empty one (design.md §9.5)."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda d: d.name)
+    except OSError as exc:
+        raise BadInput(display(folder), None, None,
+                       f"cannot be listed ({exc.strerror or exc}); nothing changed") from None
 
 
 def house_files(root: Path):
     """(path relative to the house, path, lstat) of every entry under files/ (two levels), temporaries
     (dot-names, a crashed publish's leftovers: prune removes them) left out. Never follows a link, files/
-    itself included (then there are none)."""
+    itself included (then there are none); a folder it cannot list is refused (BadInput)."""
     top = root / FILES
-    if files_not_a_folder(root):
+    if files_not_a_folder(root) or not top.exists():
         return
-    try:
-        firsts = sorted(os.scandir(top), key=lambda d: d.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for d in firsts:
+    for d in _listing(top):
         if d.name.startswith("."):
             continue
         st = d.stat(follow_symlinks=False)
         yield f"{FILES}/{d.name}", Path(d.path), st
         if not stat.S_ISDIR(st.st_mode):
             continue
-        for f in sorted(os.scandir(d.path), key=lambda f: f.name):
+        for f in _listing(Path(d.path)):
             if not f.name.startswith("."):
                 yield f"{FILES}/{d.name}/{f.name}", Path(f.path), f.stat(follow_symlinks=False)
 
@@ -186,19 +197,22 @@ def verify(wheelhouse) -> list[str]:
     hashes: dict[Path, str] = {}
     outside = files_not_a_folder(root)
     if outside:
-        problems.append(f"{FILES}: {outside}, not a folder; `farm index recover` removes it")
+        problems.append(f"{FILES}: {outside}, not a folder; {PUT_BACK} (recover refuses while it is there)")
     for e in entries if not outside else ():
         wheel = root / FILES / e.project / e.file
         sidecar = wheel.with_name(e.file + ".metadata")
         rel = f"{FILES}/{e.project}/{e.file}"
         try:
             st = wheel.lstat()
-        except OSError:
+            if _kind(st):
+                continue  # reported with everything else under files/ below
+            got = hashes[wheel.resolve()] = file_sha256(wheel)
+        except FileNotFoundError:
             problems.append(f"{rel}: in the manifest but missing; republish the wheel")
             continue
-        if _kind(st):
-            continue  # reported with everything else under files/ below
-        got = hashes[wheel.resolve()] = file_sha256(wheel)
+        except OSError as exc:   # not seen is not gone
+            problems.append(f"{rel}: cannot be read ({exc.strerror or exc})")
+            continue
         if got != e.sha256:
             problems.append(f"{rel}: sha256 {got} but the manifest says {e.sha256}; republish the good wheel")
         if st.st_size != e.size:
@@ -224,11 +238,17 @@ def verify(wheelhouse) -> list[str]:
         except ZIP_READ_ERRORS as exc:   # a damaged deflate stream, a truncated member, ...
             problems.append(f"{rel}: its METADATA cannot be read ({type(exc).__name__}: {shorten(str(exc))})")
     accounted = {f"{FILES}/{e.project}/{e.file}{x}" for e in entries for x in ("", ".metadata")}
-    for rel, entry, st in house_files(root):
+    try:
+        listed = list(house_files(root))
+    except BadInput as exc:
+        problems.append(str(exc))
+        listed = []
+    for rel, entry, st in listed:
         kind = _kind(st)
         if rel.count("/") == 1:
             if kind != "a folder":
-                problems.append(f"{rel}: {kind or 'a file'}, not a project folder; `farm index recover` removes it")
+                problems.append(f"{rel}: {what_it_is(entry, st)}, not a project folder; {PUT_BACK} or move it away "
+                                "(recover refuses while it is there)")
             continue
         if kind:
             target = f" to {os.readlink(entry)}" if kind == "a symlink" else ""

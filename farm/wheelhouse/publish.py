@@ -32,9 +32,10 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import BadInput, PublishConflict
+from farm.recipes.buildrecord import check_build_record
 from farm.settings import display
 from farm.versions import minor_of
-from farm.wheelhouse.index import FILES, Config, House, Site, channel_lines, unpaged, update
+from farm.wheelhouse.index import FILES, PUT_BACK, Config, House, Site, channel_lines, unpaged, update
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
 from farm.wheelhouse.manifest import (
@@ -135,14 +136,13 @@ def load_records(record, wheels: list[Path]) -> dict[str, dict]:
     items = record if isinstance(record, list) else [record]
     out: dict[str, dict] = {}
     for item in items:
-        if not isinstance(item, dict):
-            raise BadInput(where, None, item, "a build record is a JSON object")
+        check_build_record(where, item)   # the form the build writes (design.md §4.5)
         file = item.get("wheel")
         if file is None:
             if len(wheels) != 1 or len(items) != 1:
                 raise BadInput(where, "wheel", None, "name the wheel file each record belongs to when publishing several")
             file = wheels[0].name
-        out[Path(file).name] = item
+        out[file] = item
     unknown = set(out) - {w.name for w in wheels}
     if unknown:
         raise BadInput(where, "wheel", sorted(unknown)[0], "this record names no wheel being published")
@@ -150,15 +150,12 @@ def load_records(record, wheels: list[Path]) -> dict[str, dict]:
 
 
 def _check_record(where: str, wn: WheelName, rec: dict) -> None:
-    if "cuda" in rec and str(rec["cuda"]) != wn.cuda:
+    """The build record's schema (design.md §4.5), and the wheel's label agrees with it."""
+    check_build_record(where, rec)
+    if rec.get("cuda") is not None and rec["cuda"] != wn.cuda:
         raise BadInput(where, "cuda", rec["cuda"], f"the wheel's label says CUDA {wn.cuda}")
-    if wn.torch and "torch" in rec and minor_of(str(rec["torch"])) != wn.torch:
+    if wn.torch and rec.get("torch") is not None and minor_of(rec["torch"]) != wn.torch:
         raise BadInput(where, "torch", rec["torch"], f"the wheel's label says torch {wn.torch}")
-    for key in ("cell", "build_key"):
-        if key in rec and not (isinstance(rec[key], str) and rec[key]):
-            raise BadInput(where, key, rec[key], "expected a non-empty string")
-    if "pythons" in rec and not (isinstance(rec["pythons"], list) and all(isinstance(p, str) for p in rec["pythons"])):
-        raise BadInput(where, "pythons", rec["pythons"], "expected a list of Python versions like ['3.10', '3.11']")
 
 
 def _prepare(wheel: Path, rec: dict) -> _Prepared:
@@ -181,12 +178,12 @@ def _stage(root: Path, p: _Prepared) -> None:
     """Copy under a temporary dot-name next to its final place, hashing on the way; fsync."""
     outside = files_not_a_folder(root)
     if outside:
-        raise BadInput(display(root / FILES), None, None, f"not a real folder ({outside}); `farm index recover` "
-                                                          "removes it; nothing published")
+        raise BadInput(display(root / FILES), None, None, f"not a real folder ({outside}); {PUT_BACK}; "
+                                                          "nothing published")
     folder = root / FILES / p.name.project
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise BadInput(display(folder), None, None, "not a real folder (a symlink or a file); `farm index recover` "
-                                                    "removes it; nothing published")
+        raise BadInput(display(folder), None, None, f"not a real folder (a symlink or a file); {PUT_BACK}; "
+                                                    "nothing published")
     folder.mkdir(parents=True, exist_ok=True)
     p.temp = folder / f".{p.name.file}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     digest = hashlib.sha256()

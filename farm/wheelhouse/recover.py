@@ -8,9 +8,12 @@ accounts for. Under the lock:
    record; one no record accounts for gets a record derived from the file itself (its name, METADATA,
    its own `.dist-info/farm_build.json` build record; `published` is the file's mtime), after the
    gate's file checks; a missing or wrong `.metadata` sidecar is rewritten from the wheel;
-3. symlinks and other non-regular entries under files/ are removed (the link, never its target),
+3. symlinks and other non-regular entries in a project folder are removed (the link, never its target),
    and so are sidecars whose wheel is gone; records whose wheel is gone are dropped;
 4. the journal is replaced atomically, every line framed, and every page regenerated from it.
+Before any change, recover refuses (BadInput, exit 2) while files/ or a project folder is not a real folder
+it can list: what it cannot see is never taken for wheels that are gone. Every file is looked at before
+anything is removed or written.
 Nothing that is a wheel on disk is deleted. A recorded wheel whose bytes no longer match its record
 stays recorded (with the recorded sha256) and is reported: republishing the good wheel replaces it.
 """
@@ -25,9 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from farm.errors import BadInput
+from farm.errors import BadInput, shorten
+from farm.settings import display
 from farm.wheelhouse.index import FILES, rebuild_pages
-from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, house_files
+from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, house_files, what_it_is
 from farm.wheelhouse.manifest import (
     _REQUIRED,
     MANIFEST,
@@ -56,22 +60,38 @@ class RecoverResult:
     pages: int = 0
 
 
-def _build_record(zf: zipfile.ZipFile) -> dict:
-    """The wheel's own .dist-info/farm_build.json, or {} when it has none or it is not a JSON object."""
+def carried_record(path: Path) -> dict:
+    """The build record a wheel carries in its own .dist-info/farm_build.json ({} when it has none, or when
+    the file is not a readable farm wheel: listing it fails later, and says why). One it carries in another
+    form than the build writes (design.md §4.5), or at odds with its label, is refused: BadInput naming the
+    wheel, the key and the value."""
     from farm.build.label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
-    names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
-    if len(names) != 1:
-        return {}
+    from farm.build.verify.wheel import ZIP_READ_ERRORS
     try:
-        rec = json.loads(zf.read(names[0]))
-    except (ValueError, zipfile.BadZipFile, OSError):
+        wn = parse_wheel_name(path.name, str(path))
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
+            data = zf.read(names[0]) if len(names) == 1 else None
+    except (BadInput, *ZIP_READ_ERRORS):
         return {}
-    return rec if isinstance(rec, dict) else {}
+    if data is None:
+        return {}
+    where = f"{display(path)} {BUILD_INFO_NAME}"
+    fix = "nothing changed; move the wheel away, or publish it with a good --record"
+    try:
+        rec = json.loads(data)
+    except ValueError as exc:   # UnicodeDecodeError too
+        raise BadInput(where, None, None, f"not JSON ({shorten(str(exc), 80)}); {fix}") from None
+    try:
+        _check_record(where, wn, rec)
+    except BadInput as exc:
+        raise BadInput(exc.where, exc.key, exc.value, f"{exc.problem}; {fix}") from None
+    return rec
 
 
-def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
-    """A record for a wheel file no record accounts for (BadInput when it cannot be listed)."""
-    from farm.build.label import BUILD_INFO_NAME
+def _derive(path: Path, project: str, when: str, rec: dict) -> tuple[ManifestEntry, bytes]:
+    """A record for a wheel file no record accounts for, from the file and the build record it carries
+    (BadInput when it cannot be listed)."""
     from farm.build.verify.wheel import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
@@ -81,12 +101,6 @@ def _derive(path: Path, project: str, when: str) -> tuple[ManifestEntry, bytes]:
     if problems:
         raise BadInput(str(path), None, None, f"not a sound wheel file: {problems[0]}")
     metadata, name, requires = read_metadata(path, wn)
-    with zipfile.ZipFile(path) as zf:
-        rec = _build_record(zf)
-    try:
-        _check_record(BUILD_INFO_NAME, wn, rec)
-    except BadInput:
-        rec = {}
     st = path.stat()
     p = _Prepared(path, wn, metadata, requires, {**rec, "recovered": when}, metadata_name=name,
                   sha256=file_sha256(path), size=st.st_size)
@@ -108,6 +122,31 @@ def _wheel_metadata(path: Path) -> bytes:
     with zipfile.ZipFile(path) as zf:
         inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
         return zf.read(inner[0]) if len(inner) == 1 else b""
+
+
+def _refuse_what_it_cannot_see(root: Path, live: dict[str, ManifestEntry]) -> None:
+    """Refuse (BadInput, nothing changed) while files/ or a folder under it is not a real folder recover can
+    list: a link, a file, a FIFO, missing while the journal lists wheels, unreadable. What recover cannot see
+    is never taken for wheels that are gone (design.md §9.5); a person puts the real folder in its place."""
+    fix = "recover cannot see the wheels there, nothing changed; put the real folder in its place"
+    outside = files_not_a_folder(root)
+    if outside:
+        raise BadInput(display(root / FILES), None, None, f"{outside}, not a folder: {fix}")
+    if live and not (root / FILES).exists():
+        raise BadInput(display(root / FILES), None, None,
+                       f"missing while the journal lists {len(live)} wheel(s): {fix} (or remove the journal)")
+    for rel, path, st in house_files(root):   # BadInput when a folder cannot be listed
+        if rel.count("/") == 1 and not stat.S_ISDIR(st.st_mode):
+            kind = what_it_is(path, st)
+            raise BadInput(display(path), None, None, f"{kind}, not a project folder: {fix}, or move it away")
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return file_sha256(path)
+    except OSError as exc:
+        raise BadInput(display(path), None, None,
+                       f"cannot be read ({exc.strerror or exc}): recover changed nothing") from None
 
 
 def recover(wheelhouse) -> RecoverResult:
@@ -139,23 +178,18 @@ def recover(wheelhouse) -> RecoverResult:
             live.pop(file, None)
             live[file] = entry
             removed.pop(file, None)
+        _refuse_what_it_cannot_see(root, live)
         on_disk: set[str] = set()
         derived: list[tuple[float, str, ManifestEntry]] = []
-        outside = files_not_a_folder(root)
-        if outside and outside != "a file":   # a link (never its target) or a FIFO, ...: nothing goes inside
-            (root / FILES).unlink()
-            result.removed.append(FILES)
-        elif outside:
-            result.left.append(f"{FILES}: a file where the files folder belongs")
-        for rel, path, st in list(house_files(root)):
+        unlink: list[tuple[str, Path]] = []          # nothing is written before every file was looked at
+        sidecars: list[tuple[str, Path, bytes]] = []
+        listed = list(house_files(root))
+        for rel, path, st in listed:
             mode = st.st_mode
-            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                path.unlink()
-                result.removed.append(rel)
-                continue
             if rel.count("/") == 1:
-                if not stat.S_ISDIR(mode):
-                    result.left.append(f"{rel}: a file where a project folder belongs")
+                continue   # a real folder: _refuse_what_it_cannot_see refused anything else
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                unlink.append((rel, path))
                 continue
             project, name = rel.split("/")[1:]
             if stat.S_ISDIR(mode):
@@ -166,13 +200,14 @@ def recover(wheelhouse) -> RecoverResult:
             e = live.get(name)
             if e is not None and e.project == project:
                 on_disk.add(name)
-                if file_sha256(path) != e.sha256:
+                if _sha256(path) != e.sha256:
                     result.damaged.append(rel)
                     continue
                 metadata = _wheel_metadata(path)
             else:
+                rec = carried_record(path)   # a forged one: refused before anything is written
                 try:
-                    e, metadata = _derive(path, project, now)
+                    e, metadata = _derive(path, project, now, rec)
                 except (BadInput, zipfile.BadZipFile, OSError) as exc:
                     result.left.append(f"{rel}: {exc}")
                     continue
@@ -185,18 +220,23 @@ def recover(wheelhouse) -> RecoverResult:
             except OSError:
                 same = False
             if not same:
-                _write_sidecar(sidecar, metadata)
-                result.sidecars.append(rel + ".metadata")
+                sidecars.append((rel + ".metadata", sidecar, metadata))
         for file, e in list(live.items()):
             if file not in on_disk:
                 del live[file]
                 result.dropped.append(f"{FILES}/{e.project}/{file}")
                 removed[file] = json.dumps({"op": "remove", "file": file, "project": e.project, "at": now,
                                             "reason": "recover: the wheel file is gone"}, sort_keys=True)
-        for rel, path, _ in list(house_files(root)):   # sidecars whose wheel is not listed
-            if rel.endswith(".metadata") and path.name.removesuffix(".metadata") not in on_disk:
-                path.unlink()
-                result.removed.append(rel)
+        for rel, path, st in listed:   # sidecars whose wheel is not listed
+            if rel.endswith(".metadata") and stat.S_ISREG(st.st_mode) \
+                    and path.name.removesuffix(".metadata") not in on_disk:
+                unlink.append((rel, path))
+        for rel, path in unlink:
+            path.unlink()
+            result.removed.append(rel)
+        for rel, path, metadata in sidecars:
+            _write_sidecar(path, metadata)
+            result.sidecars.append(rel)
         result.kept = len(live)
         derived.sort(key=lambda t: (t[0], t[1]))
         for _, name, e in derived:
