@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import re
 import signal
 import sys
 import threading
 import time
 
 from farm import settings
-from farm.errors import FarmError
+from farm.errors import MAX_SHOWN, MAX_VALUE_SHOWN, BadInput, FarmError, shorten
 
 # One line per command group; the order is the order of `farm --help`.
 COMMAND_MODULES = (
@@ -37,8 +38,17 @@ COMMAND_MODULES = (
 )
 
 
+class FarmParser(argparse.ArgumentParser):
+    """argparse, whose own refusals (an unknown option, a bad choice, a missing argument) are the farm's
+    one line too, with every word of the value cut short (design.md §12), instead of a usage block."""
+
+    def error(self, message: str):
+        words = re.sub(rf"\S{{{MAX_VALUE_SHOWN + 1},}}", lambda m: shorten(m.group(0), MAX_VALUE_SHOWN), message)
+        raise BadInput("command line", None, None, f"{shorten(words, MAX_SHOWN)} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="farm", description="Build farm for CUDA Python wheels.")
+    parser = FarmParser(prog="farm", description="Build farm for CUDA Python wheels.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:

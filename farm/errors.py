@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 MAX_SHOWN = 200
+MAX_VALUE_SHOWN = 80      # an offending value (or key) echoed in an error line: enough to recognise it, no more
 
 
 def shorten(text: str, limit: int = MAX_SHOWN) -> str:
@@ -23,6 +24,14 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shown(value: object) -> str:
+    """An offending value as every error line echoes it: its repr, cut to MAX_VALUE_SHOWN characters.
+
+    The one helper for values (design.md §12): a 120 kB argument, or a file that is not what it
+    was named as, is recognisable in the line without being printed."""
+    return shorten(repr(value), MAX_VALUE_SHOWN)
 
 
 # ---------------------------------------------------------------- every stage
@@ -44,8 +53,8 @@ class BadInput(FarmError):
     def __init__(self, where: str, key: str | None, value: object, problem: str):
         self.where, self.key, self.value, self.problem = str(where), key, value, problem
         # file: key: value: problem, leaving out what is absent (no empty '::' fields).
-        parts = [shorten(self.where), shorten(key) if key else None,
-                 None if value is None else shorten(repr(value)), problem]
+        parts = [shorten(self.where), shorten(key, MAX_VALUE_SHOWN) if key else None,
+                 None if value is None else shown(value), problem]
         super().__init__(": ".join(p for p in parts if p))
 
 

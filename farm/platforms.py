@@ -54,8 +54,8 @@ def is_valid(platform: str) -> bool:
 
 
 _MANYLINUX_ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-_MANYLINUX = re.compile(r"^(manylinux_(\d+)_(\d+)|manylinux1|manylinux2010|manylinux2014)"
-                        r"(?:_(x86_64|aarch64|i686|ppc64le|s390x|armv7l))?$")
+_MANYLINUX = re.compile(r"(manylinux_(\d+)_(\d+)|manylinux1|manylinux2010|manylinux2014)"   # fullmatch
+                        r"(?:_(x86_64|aarch64|i686|ppc64le|s390x|armv7l))?")
 
 
 def plat_glibc(tag: str) -> tuple[int, int]:
@@ -63,7 +63,7 @@ def plat_glibc(tag: str) -> tuple[int, int]:
 
     ValueError for anything else (linux_x86_64, win_amd64, ...).
     """
-    m = _MANYLINUX.match(tag)
+    m = _MANYLINUX.fullmatch(tag)
     if not m:
         raise ValueError(tag)
     if m.group(2):

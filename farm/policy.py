@@ -17,7 +17,7 @@ from farm.arch.archlist import ArchList, ArchToken, parse_token
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.versions import vtuple
-from farm.yamlio import load_yaml
+from farm.yamlio import load_yaml, top_mapping
 
 ARCH_POLICY_FILE = "arch_policy.yml"
 GRID_POLICY_FILE = "python_cuda_torch_os_policy.yml"
@@ -131,7 +131,7 @@ def _cc(text: str, reader: _Reader, key: str) -> tuple[int, int]:
 
 def load_toolkits(path: Path) -> Mapping[str, Toolkit]:
     r = _Reader(path)
-    data = r.mapping(load_yaml(path), "(top)")
+    data = top_mapping(load_yaml(path), r.where, "policy file")
     table = r.mapping(r.require(data, "toolkits"), "toolkits")
     floors = r.mapping(data.get("jit_driver_floor", {}), "jit_driver_floor")
     versions = r.mapping(data.get("versions", {}), "versions")
@@ -181,7 +181,7 @@ def clamp(arch_list: ArchList, cuda: str, toolkits: Mapping[str, Toolkit], where
 
 def load_arch_policy(path: Path, toolkits: Mapping[str, Toolkit]) -> ArchPolicy:
     r = _Reader(path)
-    data = r.mapping(load_yaml(path), "(top)")
+    data = top_mapping(load_yaml(path), r.where, "policy file")
     lanes = {}
     for table in ("arch_policy", "arch_policy_aarch64"):
         rows = r.mapping(r.require(data, table), table)
@@ -235,7 +235,7 @@ class GridPolicy:
 
 def load_grid_policy(path: Path) -> GridPolicy:
     r = _Reader(path)
-    data = r.mapping(load_yaml(path), "(top)")
+    data = top_mapping(load_yaml(path), r.where, "policy file")
     cudas = r.strings(r.require(data, "supported_cudas"), "supported_cudas")
     for c in cudas:
         r.version(c, "supported_cudas")
@@ -320,7 +320,7 @@ def _squash(text: str) -> str:
 
 def load_gpus(path: Path) -> GpuTable:
     r = _Reader(path)
-    data = r.mapping(load_yaml(path), "(top)")
+    data = top_mapping(load_yaml(path), r.where, "policy file")
     devices = []
     for i, row in enumerate(r.require(data, "devices")):
         key = f"devices[{i}]"
@@ -371,7 +371,7 @@ class Pam:
 
 def load_pam(path: Path) -> Pam:
     r = _Reader(path)
-    data = r.mapping(load_yaml(path), "(top)")
+    data = top_mapping(load_yaml(path), r.where, "policy file")
     lanes = {}
     for lane_key in ("x86", "aarch64"):
         table = {}

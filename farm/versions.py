@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-_DOTTED = re.compile(r"^\d+(\.\d+)*$")
+_DOTTED = re.compile(r"\d+(\.\d+)*")   # fullmatch
 
 
 def vtuple(text: str) -> tuple[int, ...]:
     """'12.8' -> (12, 8); '2.13.1' -> (2, 13, 1). Raises ValueError on anything else."""
-    if not _DOTTED.match(str(text)):
+    if not _DOTTED.fullmatch(str(text)):
         raise ValueError(f"not a dotted version: {text!r}")
     return tuple(int(p) for p in str(text).split("."))
 

@@ -68,6 +68,17 @@ def load_yaml(path: Path) -> object:
     return parse_yaml(raw, where)
 
 
+def top_mapping(data: object, where: str, what: str) -> dict:
+    """The document `data` of the file `where` when it is a mapping, as every farm file is.
+
+    Anything else is not a `what` at all (a recipe linked to a system file, say): the line says
+    what it found, never the text itself (design.md §12)."""
+    if not isinstance(data, dict):
+        kind = {str: "text", list: "a list", type(None): "nothing"}.get(type(data), type(data).__name__)
+        raise BadInput(where, None, None, f"not a {what}: a {what} is a YAML mapping, this file holds {kind}")
+    return data
+
+
 def parse_yaml(raw: bytes, where: str) -> object:
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]

@@ -219,6 +219,7 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
                        "--records", str(records))
     assert blocked.returncode == 0, blocked.stderr
     out = tmp_path / "docs" / "recipe-status.md"
+    out.parent.mkdir()   # an output file's folder must exist: status creates nothing on the way
     res = run_farm("recipes", "status", "--records", str(records), "--out", str(out))
     assert res.returncode == 0, res.stderr
     text = out.read_text()

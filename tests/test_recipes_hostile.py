@@ -83,7 +83,7 @@ CASES = [
     ("an empty file", {"pkg.yml": b""},
      "pkg.yml: empty recipe (needs at least name, source and links_torch)"),
     ("a list, not a mapping", {"pkg.yml": b"- name: pkg\n"},
-     "pkg.yml: (top): [{'name': 'pkg'}]: expected a mapping, got a list"),
+     "pkg.yml: not a recipe: a recipe is a YAML mapping, this file holds a list"),
     # -- numbers, with the bound in the message
     ("max_jobs 10**30", {"pkg.yml": recipe(f"max_jobs: {10 ** 30}\n")},
      f"pkg.yml: max_jobs: {10 ** 30}: must be at least 1 and at most 256"),
@@ -140,7 +140,7 @@ CASES = [
     ("a path source under an unknown user's home", {"pkg.yml": b"name: pkg\nsource: {path: '~nosuchuser/src'}\nlinks_torch: true\n"},
      "pkg.yml: source.path: '~nosuchuser/src': not a usable path (Could not determine home directory.)"),
     ("a path source with a NUL", {"pkg.yml": b'name: pkg\nsource: {path: "a\\0b"}\nlinks_torch: true\n'},
-     "pkg.yml: source.path: 'a\\x00b': not a usable path (embedded null byte)"),
+     "pkg.yml: source.path: 'a\\x00b': holds a NUL byte, which no file, argument or environment variable can"),
     ("a patch file name of 100 kB", {"pkg.yml": recipe("patches: ['" + "p" * 100_000 + ".patch']\n")},
      "pkg.yml: patches[0].file: 'pppppppp"),
     # what the source step re-checked before it took the loader's typed values (design.md §6.1): the loader's alone

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from farm.errors import BadInput
 
-_TOKEN = re.compile(r"^(\d{1,2})\.(\d)([af]?)(\+PTX)?$")
+_TOKEN = re.compile(r"(\d{1,2})\.(\d)([af]?)(\+PTX)?")   # fullmatch: `$` takes a trailing newline
 
 
 @dataclass(frozen=True, order=True)
@@ -43,7 +43,7 @@ class ArchToken:
 
 
 def parse_token(text: str, where: str = "<arch list>", key: str | None = None) -> ArchToken:
-    m = _TOKEN.match(text)
+    m = _TOKEN.fullmatch(text)
     if not m or (m.group(3) and m.group(4)):
         raise BadInput(where, key, text, "not an arch token (expected X.Y, X.Y+PTX, X.Ya or X.Yf)")
     return ArchToken(int(m.group(1)), int(m.group(2)), m.group(3), bool(m.group(4)))

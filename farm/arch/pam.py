@@ -36,7 +36,7 @@ from farm.run.cachebudget import flocked
 from farm.versions import minor_of
 from farm.yamlio import load_yaml, write_atomic
 
-_LIB = re.compile(r"^(?:lib)?torch_cuda[\w.-]*\.(?:so|dll)$")
+_LIB = re.compile(r"(?:lib)?torch_cuda[\w.-]*\.(?:so|dll)")   # fullmatch
 _MACHINE_PLATFORM = {"EM_X86_64": "linux", "EM_AARCH64": "linux_aarch64", "PE:0x8664": "windows"}
 _LANE_KEY = {"linux": "x86", "linux_aarch64": "aarch64"}
 SHARE = 0.5   # an arch is torch's when at least this share of the containers carries it
@@ -114,7 +114,7 @@ def extract_torch_libs(wheel: Path, root: Path | None = None) -> Path:
             raise BadInput(settings.display(wheel), None, None, f"not a readable wheel: {exc}") from None
         with zf:
             members = [m for m in zf.namelist() if m == "torch/version.py"
-                       or (m.startswith("torch/lib/") and _LIB.match(m.rsplit("/", 1)[-1]))]
+                       or (m.startswith("torch/lib/") and _LIB.fullmatch(m.rsplit("/", 1)[-1]))]
             if "torch/version.py" not in members:
                 raise BadInput(settings.display(wheel), None, None, "not a torch wheel (no torch/version.py)")
             tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -164,7 +164,7 @@ def measure(source: Path | str) -> Measurement:
     version, cuda = _version_py((torch_dir / "version.py").read_text(), where)
     if not cuda:
         raise BadInput(where, "cuda", None, f"torch {version} is not a CUDA build: nothing to measure")
-    libs = sorted(p for p in (torch_dir / "lib").iterdir() if _LIB.match(p.name))
+    libs = sorted(p for p in (torch_dir / "lib").iterdir() if _LIB.fullmatch(p.name))
     if not libs:
         raise BadInput(settings.display(torch_dir / "lib"), None, None, f"torch {version} has no libtorch_cuda*")
     reports = [read_fatbin(p) for p in libs]

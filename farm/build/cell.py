@@ -26,7 +26,7 @@ from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWhe
 from farm.platforms import host_arch
 from farm.recipes.buildkey import KeyMaker, context_for
 from farm.recipes.buildrecord import write_record
-from farm.recipes.cells import Cell
+from farm.recipes.cells import Cell, smoke_cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
 from farm.run.admission import admit_alone
@@ -106,7 +106,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             raise NeedsFarmWheel(missing_line(cell.id, wheel, house))
     if tier == "smoke":
         cell = smoke_cell(cell, arch)   # its own arch list, so its own build key
-    elif arch:
+    elif arch is not None:
         raise BadInput("farm build", "--arch", arch, "only a --smoke build takes one token of the list")
     if tier != "full":
         publish = False
@@ -204,25 +204,6 @@ def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None, recipe: R
 
 TIERS = ("full", "smoke", "flags")
 DEFAULT_FLAGS_MINUTES = 10.0
-
-
-def smoke_cell(cell, choice: str | None):
-    """The cell with one token of its list: `choice` (e.g. `8.6` or `12.0+PTX`), else the lowest. The
-    token keeps its own PTX, so `12.0+PTX` is smoke-built as SASS and PTX of 12.0."""
-    from dataclasses import replace
-
-    from farm.arch.archlist import ArchList, parse_token
-
-    full = cell.arch.arch_list
-    token = full.lowest()
-    if choice:
-        want = parse_token(choice.strip(), "farm build", "--arch")
-        found = [t for t in full if (t.major, t.minor, t.variant) == (want.major, want.minor, want.variant)]
-        if not found:
-            raise BadInput("farm build", "--arch", choice, f"not a token of {cell.id}'s list {full.torch()}")
-        token = found[0]
-    return replace(cell, arch=replace(cell.arch, arch_list=ArchList.of([token]),
-                                      provenance=f"smoke: {token} of {full.torch()} ({cell.arch.provenance})"))
 
 
 def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list) -> tuple[int, int]:

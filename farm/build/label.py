@@ -36,7 +36,7 @@ from farm.errors import BadInput, WheelError
 TORCH_FAMILY = frozenset({"torch", "torchvision", "torchaudio"})
 BUILD_INFO_NAME = "farm_build.json"
 _PLACEHOLDER = re.compile(r"\{(LOCAL|VER)(?::([^{}]*))?\}")
-_LOCAL = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
+_LOCAL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*")   # fullmatch
 _EXTRA_MARKER = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")
 
 
@@ -222,7 +222,7 @@ def rewrite_wheel_file(text: str, tags: Sequence[str], build: str | None) -> str
 def labelled_version(version: str, local_label: str) -> str:
     """'1.2.0' or '1.2.0+cpu' -> '1.2.0+cu128torch2.8' (any local part is replaced)."""
     label = local_label.lstrip("+").lower()
-    if not _LOCAL.match(label):
+    if not _LOCAL.fullmatch(label):
         raise WheelError(f"local label {local_label!r} is not a PEP 440 local version segment")
     try:
         return str(Version(f"{Version(version).public}+{label}"))

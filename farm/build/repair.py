@@ -52,7 +52,7 @@ from farm.process import last_line, run
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
 DRIVER_AND_RUNTIME = ("libcuda.so*", "libcudart.so*")
-_MANGLED = re.compile(r"^(?P<base>[^.]+)-[0-9a-f]{8}(?P<ext>\..+)$")
+_MANGLED = re.compile(r"(?P<base>[^.]+)-[0-9a-f]{8}(?P<ext>\..+)")   # fullmatch
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def _libs_entries(wheel: Path) -> set[str]:
 
 def unmangle(name: str) -> str:
     """auditwheel's grafted 'libfoo-1a2b3c4d.so.1' -> 'libfoo.so.1'."""
-    m = _MANGLED.match(name)
+    m = _MANGLED.fullmatch(name)
     return f"{m.group('base')}{m.group('ext')}" if m else name
 
 

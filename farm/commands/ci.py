@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from farm.commands.common import empty_selection, input_dir, output_dir, output_file
+from farm.commands.common import add_path, empty_selection, minutes_arg, number_arg
 from farm.commands.plan import add_filters, filters_of, selected
 from farm.errors import BadInput
 from farm.runners.base import RUNNER_KINDS
@@ -19,27 +19,28 @@ def register(sub) -> None:
 
     p = verbs.add_parser("github", help="write the build and matrix-refresh workflows")
     add_filters(p)
-    p.add_argument("--out", type=Path, default=Path(".github/workflows"), help="default: .github/workflows/")
-    p.add_argument("--wheelhouse", type=Path,
-                   help="whose config.json may name an image_registry (default: the project's wheelhouse)")
+    add_path(p, "--out", kind="output_dir", default=Path(".github/workflows"), help="default: .github/workflows/")
+    add_path(p, "--wheelhouse", kind="input_dir",
+             help="whose config.json may name an image_registry (default: the project's wheelhouse)")
     p.set_defaults(func=github_command)
 
     p = verbs.add_parser("outputs", help="(in a plan job) per chunk of this group, the rows with a cell missing from the wheelhouse")
     add_filters(p)
-    p.add_argument("--group", type=int, required=True)
+    p.add_argument("--group", type=number_arg("--group", 1, 10**6, "expected a group number of at least 1",
+                                              whole=True), required=True)
     p.add_argument("--layout", required=True, help="the chunk layout digest the workflow was generated with")
-    p.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"))
+    add_path(p, "--wheelhouse", kind="input_dir", default=Path("wheelhouse"))
     p.set_defaults(func=outputs_command)
 
     p = verbs.add_parser("row", help="(in a row job) build a row's Python siblings in sequence into a staging folder")
     add_filters(p)   # the workflow's selection: its row jobs build only the Pythons it selected
     p.add_argument("row", metavar="ROW_ID", help="e.g. farm_demo-cu130-torch2.13 (a cell id without its Python)")
-    p.add_argument("--staging", type=Path, help="the staging wheelhouse each built sibling is published into")
-    p.add_argument("--wheelhouse", type=Path, help="the house that says what is built (default: nothing is)")
-    p.add_argument("--out", type=Path, default=Path("build"), help="build folders and row-report.json (default build/)")
+    add_path(p, "--staging", kind="output_dir", help="the staging wheelhouse each built sibling is published into")
+    add_path(p, "--wheelhouse", kind="input_dir", help="the house that says what is built (default: nothing is)")
+    add_path(p, "--out", kind="output_dir", default=Path("build"), help="build folders and row-report.json (default build/)")
     p.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
-    p.add_argument("--budget-minutes", type=float, help="start a sibling only while it fits in these minutes")
-    p.add_argument("--summary", type=Path, help="append the report as Markdown to this file ($GITHUB_STEP_SUMMARY)")
+    p.add_argument("--budget-minutes", type=minutes_arg("--budget-minutes", 7 * 24 * 60), help="start a sibling only while it fits in these minutes")
+    add_path(p, "--summary", kind="output_file", help="append the report as Markdown to this file ($GITHUB_STEP_SUMMARY)")
     p.add_argument("--pythons", action="store_true", help="print the row's Pythons and build nothing")
     p.set_defaults(func=row_command)
 
@@ -47,7 +48,7 @@ def register(sub) -> None:
     p.add_argument("action", choices=("save", "load"))
     p.add_argument("--arch", choices=ARCHES, required=True)
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--dir", type=Path, help="the folder of the image archive (an artifact)")
+    add_path(where, "--dir", kind="output_dir", help="the folder of the image archive (an artifact)")
     where.add_argument("--registry", help="load: pull <registry>:<arch>-<key> instead (wheelhouse/config.json)")
     p.set_defaults(func=image_command)
 
@@ -58,8 +59,6 @@ def github_command(args) -> int:
     from farm.wheelhouse import Config
     from farm.yamlio import write_atomic
 
-    output_dir(args.out, "--out")
-    input_dir(args.wheelhouse, "--wheelhouse")
     registry = Config.load(args.wheelhouse or settings.wheelhouse_dir()).image_registry
     plan, cells, shard = selected(args)   # every value known before anything is written
     if not cells:
@@ -109,13 +108,6 @@ def row_command(args) -> int:
         return 0
     if args.staging is None:
         raise BadInput("command line", "--staging", None, "a row job publishes into a staging folder: name it")
-    for path, option in ((args.staging, "--staging"), (args.out, "--out")):
-        output_dir(path, option)
-    input_dir(args.wheelhouse, "--wheelhouse")
-    if args.summary is not None:
-        output_file(args.summary, "--summary")
-    if args.budget_minutes is not None and not 0 < args.budget_minutes <= 7 * 24 * 60:
-        raise BadInput("command line", "--budget-minutes", args.budget_minutes, "expected minutes > 0 and at most a week")
     print(f"row {row.id}: {len(row.cells)} sibling(s) ({' '.join(c.python for c in row.cells)}), "
           f"compiler cache group {row.cache_group}", flush=True)
     report = build_row(row, plan, staging=args.staging, wheelhouse=args.wheelhouse, out=args.out,
@@ -136,7 +128,6 @@ def image_command(args) -> int:
     if args.action == "save":
         if args.dir is None:
             raise BadInput("command line", "--dir", None, "save writes the archive into a folder: name it")
-        output_dir(args.dir, "--dir")
         print(f"saved {images.save_builder(args.arch, args.dir)}")
         return 0
     archive = None

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.errors import BadInput
+from farm.errors import BadInput, shorten
 from farm.platforms import PLATFORMS
 from farm.policy import Defaults
+from farm.recipes.model import path_problem
 from farm.versions import vtuple
 
 
@@ -41,21 +44,6 @@ def platform_value(text: str) -> str:
 def add_platform(parser, required: bool = False, default: str | None = None) -> None:
     parser.add_argument("--platform", type=platform_value, metavar="{" + ",".join(PLATFORMS) + "}",
                         required=required, default=default)
-
-
-def mem_budget_value(text: str) -> float:
-    """argparse `type` of --mem-budget: a positive number of GB, else one line naming the option."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise BadInput("command line", "--mem-budget", text, "must be a positive number of GB, e.g. 16")
-    return value
-
-
-def add_mem_budget(parser, help: str) -> None:
-    parser.add_argument("--mem-budget", type=mem_budget_value, metavar="GB", help=help)
 
 
 def check_version(value: str | None, option: str) -> str | None:
@@ -108,7 +96,7 @@ class Known:
         for value in package:
             if value not in self.packages:
                 raise BadInput("command line", "--package", value,
-                               f"no recipe recipes/{value}.yml{did_you_mean(value, self.packages)}")
+                               f"no recipe recipes/{shorten(value, 40)}.yml{did_you_mean(value, self.packages)}")
         for option, values, what, known in (("--cuda", cuda, "CUDA line", self.cudas),
                                             ("--torch", torch, "torch minor", self.torches),
                                             ("--python", python, "Python", self.pythons)):
@@ -158,37 +146,103 @@ def empty_selection(args, noun: str = "cells") -> str:
     return f"0 {noun}: {subject} has no {noun} for {', '.join(parts) or 'this selection'}"
 
 
+# ---------------------------------------------------------------- values named on the command line
+
+# Every option's value is checked while the command line is parsed (an argparse `type` raising BadInput,
+# which the CLI prints as its one line): a bad one is refused before anything is read, built or written.
+
+def number_arg(option: str, low: float, high: float, what: str, *, whole: bool = False,
+               low_open: bool = False) -> Callable[[str], float]:
+    """The `type` of a numeric option: a finite number in [low, high] ((low, high] with `low_open`);
+    nan, inf, 1e309 and negatives are refused with the range in the line (design.md §12)."""
+    def parse(text: str) -> float:
+        try:
+            value: float = int(text) if whole else float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+            raise BadInput("command line", option, text, what)
+        return value
+    return parse
+
+
+def mem_budget_value(text: str) -> float:
+    """argparse `type` of --mem-budget: a positive number of GB, else one line naming the option."""
+    return number_arg("--mem-budget", 0, 1e6, "must be a positive number of GB, e.g. 16", low_open=True)(text)
+
+
+def add_mem_budget(parser, help: str) -> None:
+    parser.add_argument("--mem-budget", type=mem_budget_value, metavar="GB", help=help)
+
+
+def driver_value(text: str) -> int:
+    """--driver: an NVIDIA driver branch, e.g. 575."""
+    return int(number_arg("--driver", 1, 9999, "expected a driver branch like 575", whole=True)(text))
+
+
+def minutes_arg(option: str, most: int = 24 * 60) -> Callable[[str], float]:
+    """--for and the like: minutes of work, more than 0 and at most `most`."""
+    return number_arg(option, 0, most, f"expected minutes > 0 and at most {most}", low_open=True)
+
+
+def arch_token_arg(option: str) -> Callable[[str], str]:
+    """--arch of a smoke build: one arch token (`8.6`, `12.0+PTX`); an empty one is no default."""
+    def parse(text: str) -> str:
+        from farm.arch.archlist import parse_token
+
+        parse_token(text, "command line", option)
+        return text
+    return parse
+
+
 # ---------------------------------------------------------------- paths named on the command line
 
-def output_file(path: Path | None, option: str) -> Path | None:
-    """A file the command will write: its folder must exist (nothing is created for a typo) and the
-    path must not be a folder."""
-    if path is None:
-        return None
-    if path.is_dir():
-        raise BadInput("command line", option, str(path), "is a directory; name a file in it")
-    if not path.parent.is_dir():
-        raise BadInput("command line", option, str(path), f"its folder {path.parent} does not exist")
-    return path
+PATH_KINDS = ("input", "input_file", "input_dir", "output_file", "output_dir")
 
 
-def output_dir(path: Path | None, option: str) -> Path | None:
-    """A folder the command will write into (created when missing): nothing on the way may be a file."""
-    if path is None:
-        return None
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise BadInput("command line", option, str(path), f"{p} is a file, not a folder")
-            break
-    return path
+def path_arg(option: str, kind: str) -> Callable[[str], Path]:
+    """The `type` of a path option, by what the command does with it (design.md §12):
+    - input, input_file, input_dir: read only; it must exist (a typo is not "nothing there"), as a file
+      or a folder when that is what is read;
+    - output_file: written (atomically); it is not a folder, and its folder exists: nothing is created
+      on the way;
+    - output_dir: written into and created when missing (with its parents); nothing on the way is a file.
+    Every kind: a path the system can take (no NUL, no part over 255 bytes, at most 4,096 bytes)."""
+    if kind not in PATH_KINDS:
+        raise ValueError(kind)
+
+    def parse(text: str) -> Path:
+        problem = path_problem(text)
+        if problem:
+            raise BadInput("command line", option, text, problem)
+        path = Path(text)
+        if kind.startswith("input"):
+            if not path.exists():
+                raise BadInput("command line", option, text, "no such file or folder" if kind == "input"
+                               else "no such folder" if kind == "input_dir" else "no such file")
+            if kind == "input_dir" and not path.is_dir():
+                raise BadInput("command line", option, text, "is a file, not a folder")
+            if kind == "input_file" and path.is_dir():
+                raise BadInput("command line", option, text, "is a folder, not a file")
+        elif kind == "output_file":
+            if path.is_dir():
+                raise BadInput("command line", option, text, "is a directory; name a file in it")
+            if not path.parent.is_dir():
+                raise BadInput("command line", option, text, f"its folder {path.parent} does not exist")
+        else:
+            for p in (path, *path.parents):
+                if p.exists():
+                    if not p.is_dir():
+                        raise BadInput("command line", option, text, f"{p} is a file, not a folder")
+                    break
+        return path
+    return parse
 
 
-def input_dir(path: Path | None, option: str) -> Path | None:
-    """A folder the command only reads: it may be missing (read as empty) but never a file."""
-    if path is not None and path.exists() and not path.is_dir():
-        raise BadInput("command line", option, str(path), "is a file, not a folder")
-    return path
+def add_path(parser, *flags: str, kind: str, **kw) -> None:
+    """An option (or positional) holding a path of `kind` (see path_arg), checked while parsing."""
+    name = flags[0] if flags[0].startswith("-") else kw.get("metavar") or flags[0]
+    parser.add_argument(*flags, type=path_arg(name, kind), **kw)
 
 
 def print_json(data) -> None:
@@ -207,5 +261,5 @@ def load_recipe_arch(name: str):
     recipes = load_recipes()
     if name not in recipes:
         raise BadInput("command line", "--package", name,
-                       f"no recipe recipes/{name}.yml{did_you_mean(name, recipes)}")
+                       f"no recipe recipes/{shorten(name, 40)}.yml{did_you_mean(name, recipes)}")
     return recipes[name]

@@ -11,6 +11,7 @@ from farm.commands.common import (
     check_selection,
     check_version,
     did_you_mean,
+    driver_value,
     empty_selection,
     print_json,
     unknown,
@@ -28,7 +29,7 @@ def register(sub) -> None:
     cov.add_argument("--cuda")
     cov.add_argument("--torch")
     add_platform(cov)
-    cov.add_argument("--driver", type=int, help="NVIDIA driver branch, e.g. 575")
+    cov.add_argument("--driver", type=driver_value, help="NVIDIA driver branch, e.g. 575")
     cov.add_argument("--format", choices=("text", "json"), default="text")
     cov.set_defaults(func=coverage_command)
 
@@ -36,7 +37,7 @@ def register(sub) -> None:
     which = fnd.add_mutually_exclusive_group(required=True)
     which.add_argument("--gpu", help='a product name, e.g. "RTX 5090"')
     which.add_argument("--sm", help="a compute capability, e.g. 12.0")
-    fnd.add_argument("--driver", type=int)
+    fnd.add_argument("--driver", type=driver_value)
     add_platform(fnd, required=True)
     fnd.add_argument("--python", required=True)
     fnd.add_argument("--torch", help="the torch minor already installed, e.g. 2.8")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from farm import settings
-from farm.commands.common import output_dir, output_file
+from farm.commands.common import add_path, number_arg
 from farm.errors import UpstreamUnreadable
 from farm.matrix.grid import (
     DEFAULT_SOURCE,
@@ -35,13 +34,14 @@ def register(sub) -> None:
     p = verbs.add_parser("scrape", help="read the PyTorch wheel index into defaults/scraped_torch_matrix.json")
     p.add_argument("--index-url", default=DEFAULT_SOURCE, help="the index (or a mirror) to read")
     p.add_argument("--source-label", default=DEFAULT_SOURCE, help="the canonical label written into the file")
-    p.add_argument("--out", type=Path, help=f"default: defaults/{PCWM_FILE}")
-    p.add_argument("--timeout", type=float, help="seconds to wait for each answer (default 30)")
+    add_path(p, "--out", kind="output_file", help=f"default: defaults/{PCWM_FILE}")
+    p.add_argument("--timeout", type=number_arg("--timeout", 0, 3600, "expected seconds > 0 and at most 3600",
+                                                low_open=True), help="seconds to wait for each answer (default 30)")
     p.set_defaults(func=scrape_command)
 
     p = verbs.add_parser("derive", help=f"write defaults/{GRID_FILE} and defaults/{PHANTOMS_FILE}")
-    p.add_argument("--pcwm", type=Path, help=f"default: defaults/{PCWM_FILE}")
-    p.add_argument("--out-dir", type=Path, help="default: the defaults folder")
+    add_path(p, "--pcwm", kind="input_file", help=f"default: defaults/{PCWM_FILE}")
+    add_path(p, "--out-dir", kind="output_dir", help="default: the defaults folder")
     p.set_defaults(func=derive_command)
 
     p = verbs.add_parser("watch", help="report what the live index has that the grid lacks (exit 0/3/4)")
@@ -50,7 +50,7 @@ def register(sub) -> None:
     p.set_defaults(func=watch_command)
 
     p = verbs.add_parser("pages", help="write the matrix/ HTML page (one table per CUDA line)")
-    p.add_argument("--out", type=Path, help="default: <wheelhouse>/matrix")
+    add_path(p, "--out", kind="output_dir", help="default: <wheelhouse>/matrix")
     p.set_defaults(func=pages_command)
 
 
@@ -62,7 +62,7 @@ def scrape_command(args) -> int:
     from farm.matrix.upstream import TIMEOUT, Fetcher, scrape, write_pcwm
 
     defaults = load_defaults()
-    out = output_file(args.out, "--out") or defaults.folder / PCWM_FILE
+    out = args.out or defaults.folder / PCWM_FILE
     fetcher = Fetcher(timeout=(TIMEOUT[0], args.timeout or TIMEOUT[1]))
     try:
         result = scrape(args.index_url, defaults.grid_policy, args.source_label, fetcher)
@@ -78,7 +78,6 @@ def scrape_command(args) -> int:
 
 
 def derive_command(args) -> int:
-    output_dir(args.out_dir, "--out-dir")
     defaults = load_defaults()
     policy = defaults.grid_policy
     source = args.pcwm or defaults.folder / PCWM_FILE
@@ -110,7 +109,7 @@ def watch_command(args) -> int:
 def pages_command(args) -> int:
     defaults = load_defaults()
     pcwm = load_pcwm(defaults.folder)
-    out = output_dir(args.out, "--out") or settings.wheelhouse_dir() / "matrix"
+    out = args.out or settings.wheelhouse_dir() / "matrix"
     path = write_matrix(out, pcwm, load_grid(defaults.folder))
     print(f"wrote {settings.display(path)}")
     return 0

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from farm import settings
 from farm.arch.pam import measure, write_measurement
-from farm.commands.common import output_file, print_json
+from farm.commands.common import add_path, print_json
 from farm.policy import PAM_MEASURED_FILE, load_defaults
 
 
@@ -16,16 +14,15 @@ def register(sub) -> None:
     verbs.required = True
     m = verbs.add_parser("measure", help="read torch's arch list from its libtorch_cuda*.so and record it "
                                          f"in defaults/{PAM_MEASURED_FILE} (it overrides the table)")
-    m.add_argument("source", type=Path, metavar="TORCH_WHEEL_OR_ENV",
+    add_path(m, "source", kind="input", metavar="TORCH_WHEEL_OR_ENV",
                    help="a torch wheel file, or an environment (venv, prefix, site-packages) with torch")
-    m.add_argument("--out", type=Path, help=f"write here instead of defaults/{PAM_MEASURED_FILE}")
+    add_path(m, "--out", kind="output_file", help=f"write here instead of defaults/{PAM_MEASURED_FILE}")
     m.add_argument("--dry-run", action="store_true", help="print the measurement, write nothing")
     m.add_argument("--format", choices=("text", "json"), default="text")
     m.set_defaults(func=measure_command)
 
 
 def measure_command(args) -> int:
-    output_file(args.out, "--out")
     result = measure(args.source)
     table = load_defaults().pam.lookup(result.torch_minor, result.cuda, result.platform)
     written = None if args.dry_run else write_measurement(result, args.out)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 
-from farm.commands.common import check_selection, empty_selection, input_dir, platform_value, print_json
+from farm.commands.common import add_path, check_selection, empty_selection, platform_value, print_json
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.recipes.estimate import DEFAULT_RUNNERS, check_runners
@@ -38,7 +37,7 @@ def register(sub) -> None:
                         "and lane, from the build records (design.md §5.5)")
     parser.add_argument("--runners", type=check_runners,
                         help=f"--estimate: runners per lane for the wall hours (default {DEFAULT_RUNNERS})")
-    parser.add_argument("--records", type=Path, help="--estimate: build records folder (default recipes/records)")
+    add_path(parser, "--records", kind="input_dir", help="--estimate: build records folder (default recipes/records)")
     parser.set_defaults(func=plan_command)
 
 
@@ -58,7 +57,6 @@ def planned(args):
 def selected(args):
     """(plan, the cells the filters, --shard and --missing select, the shard): for plan and ci."""
     shard = parse_shard(args.shard) if args.shard else None
-    input_dir(getattr(args, "wheelhouse", None), "--wheelhouse")
     plan = planned(args)
     cells = in_shard(plan.select(filters_of(args)), shard)
     if getattr(args, "missing", False):
@@ -74,8 +72,6 @@ def plan_command(args) -> int:
             raise BadInput("command line", option, str(value), "prices a plan: only with --estimate")
     if args.estimate and args.format == "github":
         raise BadInput("command line", "--format", "github", "an estimate is a table or JSON (--format table|json)")
-    if input_dir(args.records, "--records") and not args.records.is_dir():   # a typo would price everything by default
-        raise BadInput("command line", "--records", str(args.records), "no such folder")
     plan, cells, shard = selected(args)
     if not cells:   # known values that select nothing: said once, on stderr when stdout is data
         built = args.missing and in_shard(plan.select(filters_of(args)), shard)

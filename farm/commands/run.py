@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from farm.commands.common import add_mem_budget, check_selection, empty_selection, output_dir
+from farm.commands.common import add_mem_budget, add_path, check_selection, empty_selection, number_arg
 from farm.commands.plan import add_filters, filters_of
-from farm.errors import BadInput
 from farm.runners.base import RUNNER_KINDS
 
 
 def register(sub) -> None:
     parser = sub.add_parser("run", help="build what is missing, in parallel, resumably (make farm)")
     add_filters(parser)
-    parser.add_argument("--jobs", type=int, help="cells at once (default: one per CPU; the first Python of a build runs before its siblings)")
+    parser.add_argument("--jobs", type=_count("--jobs"), help="cells at once (default: one per CPU; the first Python of a build runs before its siblings)")
     add_mem_budget(parser, "memory the builds may reserve, max_jobs x peak_gb_per_job each (default: MemAvailable)")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
-    parser.add_argument("--wheelhouse", type=Path, help="default: $FARM_WHEELHOUSE, else ./wheelhouse")
-    parser.add_argument("--build-dir", type=Path, help="per-cell build folders (default: the project's build/)")
-    parser.add_argument("--arm-jobs", type=int, default=None,
+    add_path(parser, "--wheelhouse", kind="output_dir", help="default: $FARM_WHEELHOUSE, else ./wheelhouse")
+    add_path(parser, "--build-dir", kind="output_dir", help="per-cell build folders (default: the project's build/)")
+    parser.add_argument("--arm-jobs", type=_count("--arm-jobs"), default=None,
                         help="emulated aarch64 cells at once (default: FARM_EMULATED_JOBS, else 1)")
     parser.add_argument("--no-compiler-cache", action="store_true", help="build without ccache (recorded)")
     parser.add_argument("--dry-run", action="store_true", help="plan and list what would be built")
@@ -26,18 +23,16 @@ def register(sub) -> None:
     parser.set_defaults(func=run_command)
 
 
+def _count(option: str):
+    return number_arg(option, 1, 4096, "must be a whole number of at least 1 (and at most 4096)", whole=True)
+
+
 def run_command(args) -> int:
     from farm.recipes.plan import parse_shard
     from farm.run.farmrun import RunOptions, run_farm
     from farm.runners.emulation import emulated_concurrency
 
-    for name in ("jobs", "arm_jobs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise BadInput("command line", f"--{name.replace('_', '-')}", value, "must be at least 1")
     shard = parse_shard(args.shard) if args.shard else None
-    output_dir(args.wheelhouse, "--wheelhouse")
-    output_dir(args.build_dir, "--build-dir")
     check_selection(args)
     options = RunOptions(filters=filters_of(args), shard=shard,
                          jobs=args.jobs, mem_budget_gb=args.mem_budget, runner=args.runner,

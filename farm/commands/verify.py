@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from farm.arch.archlist import ArchList
 from farm.build.verify.expectation import Expectation, cell_expectation
 from farm.build.verify.gate import verify_wheel
-from farm.commands.common import add_platform, check_version, output_file
+from farm.commands.common import add_path, add_platform, check_version
 from farm.errors import BadInput, FarmError, GateCannotRun, shorten
 from farm.versions import cuda_tag, python_tag
 from farm.yamlio import write_atomic
@@ -35,9 +34,9 @@ def register(sub) -> None:
     p.add_argument("--python", help="Python the wheel targets, e.g. 3.11 (checks the cpXY tag)")
     p.add_argument("--name", help="distribution name the wheel must carry")
     p.add_argument("--version", dest="pkg_version", help="public version the wheel must carry")
-    p.add_argument("--torch-env", type=Path, help="the torch environment to import against (venv or its python)")
+    add_path(p, "--torch-env", kind="input", help="the torch environment to import against (venv or its python)")
     p.add_argument("--skip-import", action="store_true", help="skip the import check")
-    p.add_argument("--report", type=Path, help="write the JSON reports to this file")
+    add_path(p, "--report", kind="output_file", help="write the JSON reports to this file")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=verify_command)
 
@@ -67,7 +66,6 @@ def expectation_from_args(args) -> Expectation:
 
 
 def verify_command(args) -> int:
-    output_file(args.report, "--report")   # a folder, or a folder that does not exist: refused before any work
     expectation = expectation_from_args(args)
     reports, cannot = [], []
     for wheel in args.wheels:

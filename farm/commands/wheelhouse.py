@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from farm.commands.common import add_path
 from farm.settings import default_wheelhouse
 
 
@@ -57,7 +58,7 @@ def register(sub) -> None:
     _add_house(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", default="8000", help="0 picks a free port (printed)")
-    p.add_argument("--access-log", default=None, help="append the access log here (default: stderr)")
+    add_path(p, "--access-log", kind="output_file", help="append the access log here (default: stderr)")
     p.add_argument("--html-only", action="store_true", help="never answer with PEP 691 JSON")
     p.set_defaults(func=serve_command)
 
@@ -92,8 +93,9 @@ def rebuild_command(args) -> int:
 
 def pages_command(args) -> int:
     from farm.pages.find import write_site
+    from farm.wheelhouse.manifest import house_folder
 
-    for path in write_site(_house(args)):
+    for path in write_site(house_folder(_house(args))):   # pages of a house, never a new house
         print(f"wrote {path}")
     return 0
 

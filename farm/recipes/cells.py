@@ -11,11 +11,12 @@ py3-none and pure recipes get one cell per (CUDA, torch, platform).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from farm.arch.archlist import ArchList
+from farm.arch.archlist import ArchList, parse_token
 from farm.arch.resolve import Resolution, resolve
+from farm.errors import BadInput
 from farm.platforms import cell_suffix
 from farm.policy import Defaults
 from farm.versions import cuda_tag, minor_of, python_tag, vtuple
@@ -158,3 +159,18 @@ def _collapse(recipe: Recipe, cells: list[Cell]) -> list[Cell]:
         if cell.id not in first or vtuple(cell.python) < vtuple(first[cell.id].python):
             first[cell.id] = cell
     return list(first.values())
+
+
+def smoke_cell(cell, choice: str | None):
+    """The cell with one token of its list: `choice` (e.g. `8.6` or `12.0+PTX`), else the lowest. The
+    token keeps its own PTX, so `12.0+PTX` is smoke-built as SASS and PTX of 12.0."""
+    full = cell.arch.arch_list
+    token = full.lowest()
+    if choice is not None:
+        want = parse_token(choice.strip(), "farm build", "--arch")
+        found = [t for t in full if (t.major, t.minor, t.variant) == (want.major, want.minor, want.variant)]
+        if not found:
+            raise BadInput("farm build", "--arch", choice, f"not a token of {cell.id}'s list {full.torch()}")
+        token = found[0]
+    return replace(cell, arch=replace(cell.arch, arch_list=ArchList.of([token]),
+                                      provenance=f"smoke: {token} of {full.torch()} ({cell.arch.provenance})"))

@@ -15,14 +15,35 @@ from farm.platforms import PLATFORMS
 from farm.policy import Defaults, frozen
 from farm.versions import vtuple
 
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+FULL_SHA = re.compile(r"[0-9a-f]{40}")   # use with fullmatch: `$` would take a trailing newline
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")   # {LOCAL}, {LOCAL:x}, {VER:x}, {CUDA_HOME} ...
+
+
+MAX_PATH_BYTES = 4096    # PATH_MAX on Linux
+MAX_NAME_BYTES = 255     # one part of a path (NAME_MAX)
+
+
+def path_problem(text: str) -> str | None:
+    """Why `text` is no path the farm will hand to the system (a control character such as a NUL or a
+    newline, a part over 255 bytes, over 4,096 bytes in all), or None. The one check behind recipe
+    paths and command-line paths (design.md §12): such a value is refused where it is read, never
+    left to raise an OSError where it is used."""
+    bad = next((c for c in text if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        return f"a control character ({bad!r}) in a path"
+    longest = max(len(part.encode("utf-8", "surrogateescape")) for part in text.replace("\\", "/").split("/"))
+    if longest > MAX_NAME_BYTES:
+        return f"a path part of {longest:,} bytes: at most {MAX_NAME_BYTES}"
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        return f"a path of {size:,} bytes: at most {MAX_PATH_BYTES:,}"
+    return None
 
 
 def unsafe_name(name: str) -> str | None:
     """Why `name` cannot be a path inside a tree (absolute, a drive, a '..' part), or None.
     Backslashes count as separators: a recipe or an archive may come from Windows."""
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+    if name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name):
         return "absolute path"
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
         return "'..' in path"
@@ -48,7 +69,7 @@ class Source:
         """The commit SHA this source is known to be at, before fetching (None for an unresolved tag)."""
         if self.kind != "git":
             return None
-        return self.ref if FULL_SHA.match(self.ref or "") else self.commit
+        return self.ref if FULL_SHA.fullmatch(self.ref or "") else self.commit
 
     def plain(self) -> dict:
         if self.kind == "git":

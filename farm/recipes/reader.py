@@ -43,7 +43,7 @@ from farm.recipes.values import (
     read_verify,
 )
 from farm.versions import vtuple
-from farm.yamlio import load_yaml
+from farm.yamlio import load_yaml, top_mapping
 
 TOP_KEYS = (
     "name", "source", "version", "links_torch", "subdir", "submodules", "platforms", "min_torch",
@@ -92,7 +92,7 @@ def _key(key: str, read: _Value, *, skip_null: bool = False) -> _Part:
 
 def _name(d: _Draft, value, key: str) -> str:
     given = d.r.string(value, key)
-    if not RECIPE_NAME.match(given):
+    if not RECIPE_NAME.fullmatch(given):
         d.r.fail(key, given, "use lowercase letters, digits and underscores, starting and ending with a "
                              "letter or digit (the name starts cell ids and wheels)")
     if given != d.path.stem:
@@ -133,10 +133,7 @@ def _version(d: _Draft, value, key: str) -> str:
 
 
 def _subdir(d: _Draft, value, key: str) -> str:
-    subdir = d.r.string(value, key)
-    if Path(subdir).is_absolute() or ".." in Path(subdir).parts:
-        d.r.fail(key, subdir, "must be a relative path inside the source tree")
-    return subdir
+    return d.r.relative_path(value, key)
 
 
 def _platforms(d: _Draft) -> None:
@@ -256,7 +253,10 @@ def load_recipe(path: Path | str, defaults: Defaults | None = None, names: Itera
     data = load_yaml(path)
     if data is None:
         r.fail(None, None, "empty recipe (needs at least name, source and links_torch)")
-    data = r.mapping(data, "(top)")
+    data = top_mapping(data, r.where, "recipe")
+    if not any(key in data for key in REQUIRED_KEYS):
+        # Not a recipe at all (a link to some other file): its keys are not listed, nor its text.
+        r.fail(None, None, f"not a recipe: none of {', '.join(REQUIRED_KEYS)} is in it")
     for key in data:
         with r.part():
             r.known_keys({key: None}, TOP_KEYS)

@@ -363,10 +363,16 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
 # ---------------------------------------------------------------- CLI: farm recipes status | block | rebuild
 
 def register_verbs(verbs) -> None:
+    from farm.commands.common import (  # every option checked while parsing
+        add_path,
+        arch_token_arg,
+        minutes_arg,
+    )
+
     status = verbs.add_parser("status", help="print the status table and write docs/recipe-status.md from the "
                                              "build records")
-    status.add_argument("--records", type=Path, help="records folder (default recipes/records)")
-    status.add_argument("--out", type=Path, help=f"markdown file to write (default {STATUS_DOC})")
+    add_path(status, "--records", kind="input_dir", help="records folder (default recipes/records)")
+    add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC})")
     status.set_defaults(func=status_command)
     block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
     block.add_argument("name")
@@ -381,8 +387,8 @@ def register_verbs(verbs) -> None:
                                                "regenerate the table")
     rebuild.add_argument("names", nargs="+")
     rebuild.add_argument("--tier", choices=("full", "smoke", "flags"), default="full")
-    rebuild.add_argument("--for", dest="minutes", type=float, help="flags tier: minutes of compile (default 10)")
-    rebuild.add_argument("--arch", help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
+    rebuild.add_argument("--for", dest="minutes", type=minutes_arg("--for"), help="flags tier: minutes of compile (default 10)")
+    rebuild.add_argument("--arch", type=arch_token_arg("--arch"), help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
     rebuild.add_argument("--runner", choices=("container", "host"), default="container")
     rebuild.set_defaults(func=rebuild_command)
 
@@ -426,20 +432,26 @@ def rebuild_command(args) -> int:
     import subprocess
     import sys
 
-    if args.arch and args.tier != "smoke":
+    if args.arch is not None and args.tier != "smoke":
         raise BadInput("farm recipes rebuild", "--arch", args.arch, "only the smoke tier builds one chosen token")
-    if args.minutes and args.tier != "flags":
+    if args.minutes is not None and args.tier != "flags":
         raise BadInput("farm recipes rebuild", "--for", f"{args.minutes:g}", "only the flags tier stops after a time")
     cells = [status_cell_id(_known(name)) for name in args.names]   # every name checked before building
+    if args.arch is not None:   # and the token, in every cell's list, before a build or the table is written
+        from farm.recipes.cells import smoke_cell
+        from farm.recipes.plan import cell_plan
+
+        for cell in cells:
+            smoke_cell(cell_plan(cell)[0], args.arch)
     failed = []
     for cell in cells:
         # a cold compile: the record's wall time and peak memory set the recipe's timeout and peak_gb_per_job
         argv = [sys.executable, "-m", "farm", "build", cell, "--runner", args.runner, "--record", "--force",
                 "--no-publish", "--no-compiler-cache"]
         if args.tier == "smoke":
-            argv += ["--smoke"] + (["--arch", args.arch] if args.arch else [])
+            argv += ["--smoke"] + (["--arch", args.arch] if args.arch is not None else [])
         elif args.tier == "flags":
-            argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes else [])
+            argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes is not None else [])
         print(f"$ farm {' '.join(argv[3:])}", flush=True)
         if subprocess.run(argv).returncode != 0:
             failed.append(cell)

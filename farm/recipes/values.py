@@ -33,6 +33,7 @@ from farm.recipes.model import (
     Patch,
     Source,
     Verify,
+    path_problem,
     placeholders_in,
     unsafe_name,
 )
@@ -58,22 +59,23 @@ TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
 # Names that are branches (or moving pointers) in practice, whatever they look like.
 FLOATING_REFS = ("main", "master", "head", "develop", "dev", "trunk", "latest", "stable", "nightly", "default")
 
-_SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Validators: each used with fullmatch, never anchored with `$`, which also takes a trailing newline.
+_SHORT_SHA = re.compile(r"[0-9a-f]{7,39}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 # A tag names a release: an optional word prefix, then a dotted number, then optional suffixes.
 # v1.2.3, 0.6, release-1.0, v1.5.0-aot, 2.0.0b0 pass; main, feature/x, v1, fix-bug do not.
-_TAG = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_]*[-_]?)?\d+(?:\.\d+)+(?:[-._+]?[A-Za-z0-9]+)*$")
+_TAG = re.compile(r"(?:[A-Za-z][A-Za-z0-9_]*[-_]?)?\d+(?:\.\d+)+(?:[-._+]?[A-Za-z0-9]+)*")
 # Lowercase PEP 508 names: start and end with a letter or digit (`pkg_` is no project name).
-RECIPE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9_]*[a-z0-9])?$")
+RECIPE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_]*[a-z0-9])?")
 _ARCH_WORDS = re.compile(r"[;\s]+")   # how ArchList.parse splits a list
-_MINOR = re.compile(r"^\d+\.\d+$")
-_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_PATCH = re.compile(r"^\d+\.\d+\.\d+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MINOR = re.compile(r"\d+\.\d+")
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+_PATCH = re.compile(r"\d+\.\d+\.\d+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A package as apt and dnf name it (`libsparsehash-dev`, `sparsehash-devel`, `libfoo:amd64`): it goes
 # into a shell line of the package layer's build (design.md §8.5), so nothing else passes.
-_SYSTEM_PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+:~-]*$")
-_URL = re.compile(r"^(https?|git|ssh|file)://\S+$|^git@[\w.-]+:\S+$")
+_SYSTEM_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:~-]*")
+_URL = re.compile(r"(?:https?|git|ssh|file)://\S+|git@[\w.-]+:\S+")
 
 
 class Reader:
@@ -126,7 +128,20 @@ class Reader:
             self.fail(key, value, f"expected a string, got {_kind(value)}")
         if not empty and not value.strip():
             self.fail(key, value, "must not be empty")
+        if "\x00" in value:
+            self.fail(key, value, "holds a NUL byte, which no file, argument or environment variable can")
         return value
+
+    def relative_path(self, value, key: str) -> str:
+        """A path inside the source tree (`subdir`, an extra source's `dest`): relative, no '..', and one
+        the system takes (path_problem): refused here, not by an OSError when the build uses it."""
+        text = self.string(value, key)
+        problem = path_problem(text)
+        if problem:
+            self.fail(key, text, problem)
+        if unsafe_name(text):
+            self.fail(key, text, "must be a relative path inside the source tree")
+        return text
 
     def boolean(self, value, key: str) -> bool:
         if not isinstance(value, bool):
@@ -152,13 +167,13 @@ class Reader:
 
     def minor(self, value, key: str) -> str:
         text = self.string(value, key)
-        if not _MINOR.match(text):
+        if not _MINOR.fullmatch(text):
             self.fail(key, text, "expected a torch minor like '2.8' (major.minor)")
         return text
 
     def sha256(self, value, key: str) -> str:
         text = self.string(value, key)
-        if not _SHA256.match(text):
+        if not _SHA256.fullmatch(text):
             self.fail(key, text, "expected 64 lowercase hex digits")
         return text
 
@@ -221,9 +236,9 @@ def read_source(r: Reader, value, key: str) -> Source:
         commit = None
         if body.get("commit") is not None:
             commit = r.string(body["commit"], f"{key}.git.commit")
-            if not FULL_SHA.match(commit):
+            if not FULL_SHA.fullmatch(commit):
                 r.fail(f"{key}.git.commit", commit, "expected the full 40-hex commit SHA")
-            if FULL_SHA.match(ref) and commit != ref:
+            if FULL_SHA.fullmatch(ref) and commit != ref:
                 r.fail(f"{key}.git.commit", commit, f"differs from ref {ref} (a SHA ref needs no commit)")
         exclude = _read_exclude(r, body, f"{key}.git.{gitsparse.KEY}")
         return Source("git", url=url, ref=ref, commit=commit, exclude=exclude)
@@ -278,7 +293,7 @@ def _local_path(r: Reader, text: str, key: str, base: Path) -> Path:
 
 def _read_url(r: Reader, value, key: str) -> str:
     url = r.string(value, key)
-    if not _URL.match(url):
+    if not _URL.fullmatch(url):
         r.fail(key, url, "expected a URL (https://, http://, git://, ssh://, file:// or git@host:path)")
     return url
 
@@ -288,15 +303,15 @@ def _read_ref(r: Reader, value, key: str) -> str:
         r.fail(key, value, f"write the ref as a quoted string, e.g. '{shorten(str(value), 40)}' "
                            f"(YAML reads it as {_kind(value)})")
     ref = r.string(value, key)
-    if FULL_SHA.match(ref):
+    if FULL_SHA.fullmatch(ref):
         return ref
     if ref.lower() in FLOATING_REFS or ref.lower().startswith(("refs/heads/", "origin/")):
         r.fail(key, ref, "a branch moves: pin a full 40-hex commit SHA or a release tag")
-    if _SHORT_SHA.match(ref) and not _TAG.match(ref):
+    if _SHORT_SHA.fullmatch(ref) and not _TAG.fullmatch(ref):
         r.fail(key, ref, "abbreviated commit: write the full 40-hex SHA")
     if re.fullmatch(r"[0-9a-fA-F]{40}", ref):
         r.fail(key, ref, "write the commit SHA in lowercase")
-    if not _TAG.match(ref):
+    if not _TAG.fullmatch(ref):
         r.fail(key, ref, "looks like a branch name: pin a full 40-hex commit SHA or a release tag like v1.2.3")
     return ref
 
@@ -309,7 +324,7 @@ def _read_requirement(r: Reader, text: str, key: str, *, placeholders: bool) -> 
             if name == "LOCAL" and arg is None:
                 probe = probe.replace(shown, "cu128torch2.8", 1)
             elif name in ("LOCAL", "VER") and arg:
-                if not RECIPE_NAME.match(arg):
+                if not RECIPE_NAME.fullmatch(arg):
                     r.fail(key, text, f"{shown}: not a recipe name")
                 probe = probe.replace(shown, "cu128" if name == "LOCAL" else "1.0", 1)
             else:
@@ -318,6 +333,9 @@ def _read_requirement(r: Reader, text: str, key: str, *, placeholders: bool) -> 
         req = Requirement(probe)
     except InvalidRequirement as exc:
         r.fail(key, text, f"not a valid requirement: {str(exc).splitlines()[0]}")
+    if req.url:
+        # A direct URL is fetched as it is whenever the build runs: no version pin, no hash (design.md §4.2).
+        r.fail(key, text, "a direct URL (name @ url) is not pinned: name a version the index serves")
     squashed = canonicalize_name(req.name).replace("-", "")
     if squashed in TORCH_FAMILY:
         r.fail(key, text, "the torch family (torch, torchvision, torchaudio) is never listed: the cell's "
@@ -363,7 +381,7 @@ def read_combinations(r: Reader, value, defaults: Defaults) -> tuple[Combination
         if cuda not in defaults.grid_policy.supported_cudas:
             r.fail(f"{key}.cuda", cuda, f"not a supported CUDA line ({', '.join(defaults.grid_policy.supported_cudas)})")
         torch = r.string(row["torch"], f"{key}.torch")
-        if not _PATCH.match(torch):
+        if not _PATCH.fullmatch(torch):
             r.fail(f"{key}.torch", torch, "own combinations name an exact torch patch, e.g. '2.8.0'")
         pythons = r.strings(row["pythons"], f"{key}.pythons")
         if not pythons:
@@ -371,7 +389,7 @@ def read_combinations(r: Reader, value, defaults: Defaults) -> tuple[Combination
         for p in pythons:
             if p.endswith("t"):
                 r.fail(f"{key}.pythons", p, "free-threaded Pythons are never targets")
-            if not _MINOR.match(p):
+            if not _MINOR.fullmatch(p):
                 r.fail(f"{key}.pythons", p, "expected a Python like '3.12'")
         if (cuda, torch) in seen:
             r.fail(key, f"{cuda}/{torch}", "this (cuda, torch) row is listed twice")
@@ -390,7 +408,7 @@ def read_env(r: Reader, value) -> Mapping[str, str]:
     out = {}
     for name, text in data.items():
         key = f"env.{name}"
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             r.fail(key, name, "not an environment variable name")
         text = r.string(text, key, empty=True)
         for body in PLACEHOLDER.findall(text):
@@ -455,9 +473,7 @@ def read_extra_sources(r: Reader, value) -> tuple[ExtraSource, ...]:
         for req in keys:
             if req not in item and req != gitsparse.KEY:
                 r.fail(f"{key}.{req}", None, "missing required key")
-        dest = r.string(item["dest"], f"{key}.dest")
-        if unsafe_name(dest):
-            r.fail(f"{key}.dest", dest, "must be a relative path inside the source tree")
+        dest = r.relative_path(item["dest"], f"{key}.dest")
         if not PurePosixPath(dest.replace("\\", "/")).parts:
             r.fail(f"{key}.dest", dest, "names the source tree itself: give a folder or file inside it")
         if not is_git:
@@ -466,7 +482,7 @@ def read_extra_sources(r: Reader, value) -> tuple[ExtraSource, ...]:
             continue
         url = _read_url(r, item["git"], f"{key}.git")
         commit = r.string(item["commit"], f"{key}.commit")
-        if not FULL_SHA.match(commit):
+        if not FULL_SHA.fullmatch(commit):
             # A tag can be moved upstream and a short SHA can grow ambiguous: only a full commit stays.
             r.fail(f"{key}.commit", commit, "expected the full 40-hex commit SHA (no tag, no short SHA)")
         out.append(ExtraSource(url, None, dest, commit, _read_exclude(r, item, f"{key}.{gitsparse.KEY}")))
@@ -478,7 +494,7 @@ def read_system_packages(r: Reader, value) -> Mapping[str, tuple[str, ...]]:
     r.known_keys(data, IMAGE_FAMILIES, "system_packages.")
     for fam in data:
         for i, name in enumerate(r.strings(data[fam], f"system_packages.{fam}")):
-            if not _SYSTEM_PACKAGE.match(name):
+            if not _SYSTEM_PACKAGE.fullmatch(name):
                 r.fail(f"system_packages.{fam}[{i}]", name, "expected one package name (letters, digits, . _ + : ~ -)")
     return frozen({fam: r.strings(data[fam], f"system_packages.{fam}") for fam in IMAGE_FAMILIES if fam in data})
 
@@ -501,7 +517,7 @@ def _read_date(r: Reader, value, key: str) -> str:
     if isinstance(value, datetime.date):
         return value.isoformat()
     text = r.string(value, key)
-    if not _DAY.match(text):
+    if not _DAY.fullmatch(text):
         r.fail(key, text, "expected a date like 2025-06-30")
     try:
         return datetime.date.fromisoformat(text).isoformat()

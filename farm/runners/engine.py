@@ -67,7 +67,7 @@ class Limits:
 
 
 HOST_RESERVE_GB = 2   # what a build container leaves the host: its shell, the engine, the farm itself
-_MEMORY_VALUE = re.compile(r"^[1-9][0-9]*[kmg]?$")
+_MEMORY_VALUE = re.compile(r"[1-9][0-9]*[kmg]?")   # fullmatch
 
 
 def default_limits() -> Limits:
@@ -80,7 +80,7 @@ def default_limits() -> Limits:
         own = own.strip().lower()
         if own == "0":
             return Limits()
-        if not _MEMORY_VALUE.match(own):
+        if not _MEMORY_VALUE.fullmatch(own):
             raise BadInput("environment", settings.CONTAINER_MEMORY.name, own, "expected a size like 16g, or 0 for none")
         return Limits(memory=own)
     total_gb = meminfo_gb("MemTotal")

@@ -104,7 +104,7 @@ def _rev(repo: Path, ref: str) -> str | None:
 
 def resolve_ref(mirror: Path, url: str, ref: str, where: str, key: str = "source.git.ref") -> str:
     """A full SHA or a tag (the recipe loader refused anything else) -> the commit it names upstream."""
-    if FULL_SHA.match(ref):
+    if FULL_SHA.fullmatch(ref):
         if not _has_commit(mirror, ref):
             _fetch_mirror(mirror, url, ref)
         if not _has_commit(mirror, ref):
@@ -301,7 +301,7 @@ def _resolve_submodule_url(super_url: str, sub_url: str) -> str:
     """Relative submodule URLs (./x, ../x) are relative to the superproject's URL, as git does."""
     if not sub_url.startswith(("./", "../")):
         return sub_url
-    m = re.match(r"^([a-z][a-z0-9+.-]*://[^/]*)(/.*)?$", super_url)
+    m = re.fullmatch(r"([a-z][a-z0-9+.-]*://[^/]*)(/.*)?", super_url)
     if m:
         head, tail = m.group(1), m.group(2) or "/"
         return head + posixpath.normpath(posixpath.join(tail, sub_url))

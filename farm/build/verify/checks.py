@@ -26,9 +26,9 @@ from farm.platforms import from_wheel_platform_tag, lane, origin_relative
 from farm.recipes.model import Verify as VerifyKnobs
 
 # DT_NEEDED names every Linux wheel may use (design.md §7.4): glibc's own libraries and the C++ runtime.
-_SYSTEM_NEEDED = re.compile(
-    r"^(?:lib(?:c|m|dl|pthread|rt|util|resolv|nsl|anl|crypt|BrokenLocale|mvec|thread_db)\.so\.\d+"
-    r"|ld-linux[\w.-]*\.so\.\d+|ld64\.so\.\d+|libstdc\+\+\.so\.6|libgcc_s\.so\.1)$")
+_SYSTEM_NEEDED = re.compile(   # fullmatch
+    r"(?:lib(?:c|m|dl|pthread|rt|util|resolv|nsl|anl|crypt|BrokenLocale|mvec|thread_db)\.so\.\d+"
+    r"|ld-linux[\w.-]*\.so\.\d+|ld64\.so\.\d+|libstdc\+\+\.so\.6|libgcc_s\.so\.1)")
 # What a torch environment provides when none is given to look at: torch's own libraries and the
 # CUDA runtime libraries of its nvidia-* wheels, plus the driver (libcuda). With a torch environment
 # the gate lists the real sonames instead.
@@ -200,7 +200,7 @@ def check_elf(w: Wheel, exp: Expectation, torch_env: TorchEnv | None) -> CheckRe
     details: dict = {"modules": {}, "glibc_bound": None if bound is None else dotted(bound)}
 
     def allowed(lib: str) -> bool:
-        if _SYSTEM_NEEDED.match(lib) or lib in shipped or lib in DRIVER_LIBS:
+        if _SYSTEM_NEEDED.fullmatch(lib) or lib in shipped or lib in DRIVER_LIBS:
             return True
         if any(fnmatch.fnmatch(lib, p) for p in exp.knobs.allowed_needed):
             return True

@@ -43,7 +43,7 @@ from farm.platforms import plat_glibc
 ZIP_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OSError)
 # Mangled names in the at::, c10:: and torch:: namespaces (plain, const/volatile members, typeinfo/vtables).
 _TORCH_SYMBOL = re.compile(r"^_Z(?:T[IVS])?N[KVRO]*(?:2at|3c10|5torch)\d")
-_DRIVER_SYMBOL = re.compile(r"^cu[A-Z]\w*$")   # the driver API: cuInit, cuModuleLoadData, ...
+_DRIVER_SYMBOL = re.compile(r"cu[A-Z]\w*")   # fullmatch; the driver API: cuInit, cuModuleLoadData, ...
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _elf_facts(path: Path) -> ElfFacts:
                     continue
                 if _TORCH_SYMBOL.match(sym.name):
                     torch_syms.append(sym.name)
-                elif _DRIVER_SYMBOL.match(sym.name):
+                elif _DRIVER_SYMBOL.fullmatch(sym.name):
                     driver_syms.append(sym.name)
         return ElfFacts(elf["e_machine"], tuple(needed), soname, tuple(rpaths), glibc, tuple(torch_syms),
                          tuple(driver_syms))
