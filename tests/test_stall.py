@@ -173,3 +173,27 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
     (env_end,) = _events(out, "env", "end")
     assert env_end["seconds"] >= 3 * LIMIT_MINUTES * 60   # the lock wait, longer than the limit, did not count
     assert not list(out.rglob("*.whl"))
+
+
+@pytest.mark.slow
+def test_a_silent_pre_build_is_killed_naming_its_last_output(tmp_path):
+    """pre_build runs the recipe's own commands too (a git clone, a download script): silent for the limit, it
+    is killed with its last output line, where before it held the run until the wall budget."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    src = source(tmp_path, steps=1, pause=0, hang=0)
+    (recipes / "stall_pre.yml").write_text(
+        f"name: stall_pre\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
+        "min_torch: '2.13'\ntimeout: 1\npre_build: |\n  echo fetching third_party\n  sleep 600\n")
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "farm", "build", "stall_pre-cu130-torch2.13-py311", "--runner", "host",
+                          "--no-publish", "--no-compiler-cache", "--out", str(out)], cwd=PROJECT,
+                         env={**os.environ, "FARM_RECIPES": str(recipes), "FARM_STALL_MINUTES": str(LIMIT_MINUTES),
+                              "FARM_WHEELHOUSE": str(tmp_path / "house")},
+                         capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert (f"prebuild: timed out: no output for 2.4 s (limit from FARM_STALL_MINUTES={LIMIT_MINUTES}); "
+            "last: fetching third_party") in lines[0], lines[0]
+    assert time.monotonic() - t0 < 300
