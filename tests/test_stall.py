@@ -96,6 +96,24 @@ def test_the_limit_is_the_recipes_timeout_times_the_emulation_factor(monkeypatch
 LIMIT_MINUTES = 0.04   # 2.4 s
 
 
+def recipe_folder(tmp_path: Path, name: str, src: Path, extra: str = "") -> Path:
+    """A recipes folder holding one recipe `name` built from `src` (timeout 1 min: the old wall budget)."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / f"{name}.yml").write_text(
+        f"name: {name}\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
+        f"min_torch: '2.13'\ntimeout: 1\n{extra}")
+    return recipes
+
+
+def build_command(cell: str, recipes: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """`farm build <cell>` on the host runner, out to tmp_path/out, with the test's small limit."""
+    argv = [sys.executable, "-m", "farm", "build", cell, "--runner", "host", "--no-publish", "--no-compiler-cache",
+            "--out", str(tmp_path / "out")]
+    return argv, {**os.environ, "FARM_RECIPES": str(recipes), "FARM_STALL_MINUTES": str(LIMIT_MINUTES),
+                  "FARM_WHEELHOUSE": str(tmp_path / "house")}
+
+
 def _env_lock(recipes: Path, cell_id: str, monkeypatch) -> Path:
     """The lock of the base torch environment the cell's env step takes (another build creating it holds
     it exclusively)."""
@@ -128,17 +146,11 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
     after the limit with one line naming it, where it comes from and the progress reached."""
     from farm.run.cachebudget import flocked
 
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    src = source(tmp_path, steps=2, pause=0, hang=600)
-    (recipes / "stall_probe.yml").write_text(
-        f"name: stall_probe\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
-        "min_torch: '2.13'\ntimeout: 1\n")
+    recipes = recipe_folder(tmp_path, "stall_probe", source(tmp_path, steps=2, pause=0, hang=600))
     cell = "stall_probe-cu130-torch2.13-py311"
     out = tmp_path / "out"
     lock = _env_lock(recipes, cell, monkeypatch)
-    env = {**os.environ, "FARM_RECIPES": str(recipes), "FARM_STALL_MINUTES": str(LIMIT_MINUTES),
-           "FARM_WHEELHOUSE": str(tmp_path / "house")}
+    argv, env = build_command(cell, recipes, tmp_path)
     held = threading.Event()
     release = threading.Event()
 
@@ -150,9 +162,7 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
     assert held.wait(300), "could not take the environment's lock"
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "build", cell, "--runner", "host", "--no-publish",
-                             "--no-compiler-cache", "--out", str(out)], cwd=PROJECT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
         while not _events(out, "env", "start") and proc.poll() is None and time.monotonic() < deadline:
@@ -179,19 +189,11 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
 def test_a_silent_pre_build_is_killed_naming_its_last_output(tmp_path):
     """pre_build runs the recipe's own commands too (a git clone, a download script): silent for the limit, it
     is killed with its last output line, where before it held the run until the wall budget."""
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    src = source(tmp_path, steps=1, pause=0, hang=0)
-    (recipes / "stall_pre.yml").write_text(
-        f"name: stall_pre\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
-        "min_torch: '2.13'\ntimeout: 1\npre_build: |\n  echo fetching third_party\n  sleep 600\n")
-    out = tmp_path / "out"
+    recipes = recipe_folder(tmp_path, "stall_pre", source(tmp_path, steps=1, pause=0, hang=0),
+                            "pre_build: |\n  echo fetching third_party\n  sleep 600\n")
+    argv, env = build_command("stall_pre-cu130-torch2.13-py311", recipes, tmp_path)
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "farm", "build", "stall_pre-cu130-torch2.13-py311", "--runner", "host",
-                          "--no-publish", "--no-compiler-cache", "--out", str(out)], cwd=PROJECT,
-                         env={**os.environ, "FARM_RECIPES": str(recipes), "FARM_STALL_MINUTES": str(LIMIT_MINUTES),
-                              "FARM_WHEELHOUSE": str(tmp_path / "house")},
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(argv, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert (f"prebuild: timed out: no output for 2.4 s (limit from FARM_STALL_MINUTES={LIMIT_MINUTES}); "
