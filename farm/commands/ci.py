@@ -29,14 +29,14 @@ def register(sub) -> None:
     p.add_argument("--group", type=number_arg("--group", 1, 10**6, "expected a group number of at least 1",
                                               whole=True), required=True)
     p.add_argument("--layout", required=True, help="the chunk layout digest the workflow was generated with")
-    add_path(p, "--wheelhouse", kind="input_dir", default=Path("wheelhouse"))
+    add_path(p, "--wheelhouse", kind="maybe_dir", default=Path("wheelhouse"))
     p.set_defaults(func=outputs_command)
 
     p = verbs.add_parser("row", help="(in a row job) build a row's Python siblings in sequence into a staging folder")
     add_filters(p)   # the workflow's selection: its row jobs build only the Pythons it selected
     p.add_argument("row", metavar="ROW_ID", help="e.g. farm_demo-cu130-torch2.13 (a cell id without its Python)")
     add_path(p, "--staging", kind="output_dir", help="the staging wheelhouse each built sibling is published into")
-    add_path(p, "--wheelhouse", kind="input_dir", help="the house that says what is built (default: nothing is)")
+    add_path(p, "--wheelhouse", kind="maybe_dir", help="the house that says what is built (default: nothing is)")
     add_path(p, "--out", kind="output_dir", default=Path("build"), help="build folders and row-report.json (default build/)")
     p.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
     p.add_argument("--budget-minutes", type=minutes_arg("--budget-minutes", 7 * 24 * 60), help="start a sibling only while it fits in these minutes")

@@ -197,13 +197,15 @@ def arch_token_arg(option: str) -> Callable[[str], str]:
 
 # ---------------------------------------------------------------- paths named on the command line
 
-PATH_KINDS = ("input", "input_file", "input_dir", "output_file", "output_dir")
+PATH_KINDS = ("input", "input_file", "input_dir", "maybe_dir", "output_file", "output_dir")
 
 
 def path_arg(option: str, kind: str) -> Callable[[str], Path]:
     """The `type` of a path option, by what the command does with it (design.md §12):
     - input, input_file, input_dir: read only; it must exist (a typo is not "nothing there"), as a file
       or a folder when that is what is read;
+    - maybe_dir: read only, and missing means empty (a CI plan job before anything is built); never created,
+      and a folder when it exists;
     - output_file: written (atomically); it is not a folder, and its folder exists: nothing is created
       on the way;
     - output_dir: written into and created when missing (with its parents); nothing on the way is a file.
@@ -216,6 +218,8 @@ def path_arg(option: str, kind: str) -> Callable[[str], Path]:
         if problem:
             raise BadInput("command line", option, text, problem)
         path = Path(text)
+        if kind == "maybe_dir" and path.exists() and not path.is_dir():
+            raise BadInput("command line", option, text, "is a file, not a folder")
         if kind.startswith("input"):
             if not path.exists():
                 raise BadInput("command line", option, text, "no such file or folder" if kind == "input"
