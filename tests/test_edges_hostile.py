@@ -37,8 +37,9 @@ PATHS = [
     (("recipes", "status", "--records", "{tmp}/no-records", "--out", "{tmp}/s.md"),
      "--records: '{tmp}/no-records': no such folder"),
     (("recipes", "status", "--records", "{file}", "--out", "{tmp}/s.md"), "--records: '{file}': is a file, not a folder"),
-    (("ci", "outputs", "--group", "1", "--layout", "0", "--wheelhouse", "{tmp}/no-house"),
-     "--wheelhouse: '{tmp}/no-house': no such folder"),
+    # a plan job before anything is built has no wheelhouse yet (missing = nothing built), but never a file
+    (("ci", "outputs", "--group", "1", "--layout", "0", "--wheelhouse", "{file}"),
+     "--wheelhouse: '{file}': is a file, not a folder"),
     (("ci", "github", "--out", "{tmp}/wf", "--wheelhouse", "{tmp}/no-house"), "--wheelhouse: '{tmp}/no-house': no such folder"),
     (("matrix", "derive", "--pcwm", "{tmp}/no.json", "--out-dir", "{tmp}/d"), "--pcwm: '{tmp}/no.json': no such file"),
     (("verify", "{file}", "--arch-list", "8.0", "--platform", "linux", "--torch-env", "{tmp}/no-env"),
