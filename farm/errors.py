@@ -188,6 +188,12 @@ class CompileFailed(FarmError):
     exit_code = 1
 
 
+class CompileStalled(CompileFailed):
+    """The compile printed nothing for the recipe's timeout: hung, so killed (design.md §6.4)."""
+
+    exit_code = 1
+
+
 class WheelError(FarmError):
     """The wheel handed to a build step is not a well-formed wheel."""
 

@@ -82,6 +82,9 @@ ENGINE = _declare("FARM_ENGINE", None, "the container engine: docker, podman or 
 CONTAINER_MEMORY = _declare("FARM_CONTAINER_MEMORY", None,
                             "memory limit of a build container, e.g. 16g (0: none)", "the host's memory less 2 GB")
 EMULATED_JOBS = _declare("FARM_EMULATED_JOBS", None, "emulated aarch64 cells built at once", "1")
+STALL_MINUTES = _declare("FARM_STALL_MINUTES", None,
+                         "minutes a compile or pre_build may go without progress before it is killed, for every recipe "
+                         "(x9 emulated)", "the recipe's timeout")
 
 # ---------------------------------------------------------------- records, tests and benchmarks
 RECORD = _declare("FARM_RECORD", None, "1: `farm build` writes the recipe's build record (as --record)", "unset")

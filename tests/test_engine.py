@@ -207,3 +207,76 @@ def test_an_image_survives_save_and_load_with_its_id_and_tag(engine, tmp_path):
         assert engine.image_id(ref + "-again") == image_id
     finally:
         subprocess.run([engine.exe, "rmi", "-f", ref, ref + "-again"], capture_output=True)
+
+
+# ---------------------------------------------------------------- orphans of a SIGKILLed build
+
+def _ours(engine: Engine, tag: str) -> dict[str, str]:
+    """Full id -> state of the containers this test made (labelled farm.test=<tag>), and no others."""
+    p = subprocess.run([engine.exe, "ps", "-aq", "--filter", f"label=farm.test={tag}"], capture_output=True,
+                       text=True, check=True)
+    if not p.stdout.split():
+        return {}
+    # `ps` spells the state differently per engine and version; inspect's State.Status is `running` in both
+    p = subprocess.run([engine.exe, "inspect", "--type", "container", "--format", "{{.Id}} {{.State.Status}}",
+                        *p.stdout.split()], capture_output=True, text=True)
+    return dict(line.split(" ", 1) for line in p.stdout.splitlines() if line.strip())
+
+
+def _create_raw(engine: Engine, image: str, tag: str, *labels: str) -> str:
+    """A container made with the engine's own CLI, not the farm's: only the labels given."""
+    args = [a for label in (f"farm.test={tag}", *labels) for a in ("--label", label)]
+    p = subprocess.run([engine.exe, "create", *args, image, "sleep", "600"], capture_output=True, text=True,
+                       check=True)
+    return p.stdout.strip().splitlines()[-1]
+
+
+CONTAINER_CHILD = """
+import sys
+from farm.runners.engine import Engine
+Engine(sys.argv[1]).run(sys.argv[2], ["sleep", "600"], labels={"farm.role": "build", "farm.test": sys.argv[3]})
+"""
+
+
+def test_a_sigkilled_owners_container_is_reaped_by_the_next_start_and_nothing_else(engine, image):
+    """SIGKILL cannot be caught, so a killed build cannot remove its container: the next start removes the
+    labelled containers whose owner process is gone, and leaves an unlabelled one, a live owner's, another
+    host's. An owner label naming a live pid with another start time is a reused pid: gone too."""
+    import signal
+    import sys
+    import uuid
+
+    tag = f"orphans-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen([sys.executable, "-c", CONTAINER_CHILD, engine.exe, image, tag], cwd=PROJECT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "running" not in _ours(engine, tag).values() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(_ours(engine, tag).values()) == ["running"], child.stderr.read() if child.poll() else ""
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        (orphan,) = _ours(engine, tag)
+        assert _ours(engine, tag)[orphan] == "running"   # the kill left it compiling on
+        labels = engine.inspect(orphan, kind="container")["Config"]["Labels"]
+        host, pid, start = labels["farm.owner"].rsplit(":", 2)
+        assert (host, pid, labels["farm.role"]) == (socket.gethostname(), str(child.pid), "build") and start.isdigit()
+
+        unlabelled = _create_raw(engine, image, tag)
+        other_host = _create_raw(engine, image, tag, "farm.owner=build-host-2.example:1:1")
+        reused_pid = _create_raw(engine, image, tag, f"farm.owner={socket.gethostname()}:{os.getpid()}:1")
+        live = engine.create(image, ["sleep", "600"], labels={"farm.test": tag})   # owned by this test
+        assert set(_ours(engine, tag)) == {orphan, unlabelled, other_host, reused_pid, live}
+
+        # The next start of a container build (a fresh process: it reaps once per process).
+        start = subprocess.run([sys.executable, "-c", "from farm.runners.container import ContainerRunner\n"
+                                "try:\n    ContainerRunner(build_image=False)\nexcept Exception:\n    pass"],
+                               cwd=PROJECT, capture_output=True, text=True, timeout=120)
+        assert start.returncode == 0, start.stderr
+        assert set(_ours(engine, tag)) == {unlabelled, other_host, live}
+        assert f"removed container {orphan[:12]}" in start.stdout
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for cid in _ours(engine, tag):
+            engine.rm(cid)

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
+from farm.build.spec import (
+    SCHEMA,
+    FarmWheel,
+    StallLimit,
+    StepPaths,
+    StepSpec,
+    Target,
+    recipe_part,
+    source_part,
+)
 from farm.errors import BadSpec
 from farm.recipes.plan import cell_plan
 from farm.recipes.reader import load_recipes
@@ -29,7 +38,7 @@ def spec_for(recipe, cell, **changes) -> StepSpec:
         python="/usr/bin/python3.11", target=Target("img123", "x86_64", "2.28", "manylinux_2_28_x86_64"),
         toolkit_source="pypi", plat=None, build_number=3, record={"cell": cell.id, "tier": "full"},
         farm_wheels=(FarmWheel("dep", Path("/farm/work/farm-wheels/dep.whl"), "a" * 64),),
-        flags_stop_after_s=None, compiler_cache_env={"CCACHE_DISABLE": "1"})
+        flags_stop_after_s=None, stall=None, compiler_cache_env={"CCACHE_DISABLE": "1"})
     fields.update(changes)
     return StepSpec(**fields)
 
@@ -41,9 +50,11 @@ def test_every_recipe_goes_through_the_json_form_unchanged():
         spec = spec_for(recipe, cell)
         assert StepSpec.from_json(spec.to_json()) == spec, recipe.name
     # the typed fields the steps read, not strings to look up
-    back = StepSpec.from_json(spec_for(recipes["farm_demo"], cell, flags_stop_after_s=600).to_json())
+    back = StepSpec.from_json(spec_for(recipes["farm_demo"], cell, flags_stop_after_s=600,
+                                       stall=StallLimit(180.0, "recipes/farm_demo.yml timeout: 3")).to_json())
     assert back.cell.arch.arch_list == cell.arch.arch_list and back.cell.local_label == "cu130torch2.13"
     assert back.paths.out == Path("/farm/out") and back.flags_stop_after_s == 600.0
+    assert back.stall == StallLimit(180.0, "recipes/farm_demo.yml timeout: 3")
     assert back.farm_wheels[0].file == Path("/farm/work/farm-wheels/dep.whl")
 
 

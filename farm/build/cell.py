@@ -327,7 +327,6 @@ class _Setup:
     host_spec: Path               # for the source phase, which always runs on the host
     inside_spec: str              # the runner's spec, as the step sees it
     toolkit_source: str
-    timeout: float | None
     record_base: dict
     jobs: int
     recipe_jobs: int
@@ -402,12 +401,8 @@ def _set_up(job: BuildJob) -> _Setup:
     host_spec = spec_for("host", Path)
     step_spec = host_spec if runner.kind == "host" else \
         spec_for(runner.kind, lambda p: Path(runner.inside(p, mounts)))
-    timeout = recipe_timeout(job.recipe)
-    stop = job.flags_stop_after_s
-    if stop is not None and timeout is not None:   # the stop is the compile's own; the step ends after it
-        timeout = max(timeout, stop + 600)
     relay = progress.Relay(job.out / progress.PROGRESS_FILE, logs={"compile": job.out / "compile.log"})
-    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, timeout, record_base,
+    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, record_base,
                   jobs, recipe_jobs, relay)
 
 
@@ -415,6 +410,7 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
                nvcc_threads: int, record_base: dict) -> StepSpec:
     """The spec with every path of the out and work folders (and the caches) as `seen` maps it."""
     from farm.build.ccache import cache_env, group_dir
+    from farm.build.stall import stall_limit
     from farm.build.verify.expectation import resolve_requires_dist
 
     cell, recipe = job.cell, job.recipe
@@ -428,6 +424,7 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
         build_number=job.build_number, record=record_base,
         farm_wheels=tuple(FarmWheel(w.recipe, seen(job.staged / w.published.file), w.published.sha256) for w in job.farm_wheels),
         flags_stop_after_s=job.flags_stop_after_s,
+        stall=stall_limit(recipe, cell.platform),   # a hung compile is killed, a slow one never (design.md §6.4)
         compiler_cache_env=cache_env(enabled=job.compiler_cache,
                                      ccache_dir=str(seen(group_dir(cell.cuda, cell.torch, cell.links_torch))),
                                      basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))))
@@ -435,7 +432,7 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
 
 def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, network: bool) -> None:
     code, _ = runner.run_step([which, "--spec", spec], env={}, mounts=setup.mounts, network=network,
-                              log_path=job.log_path, timeout=setup.timeout)
+                              log_path=job.log_path)
     setup.relay.poll()   # the phase's last events are shown before the host's next step starts
     if code != 0:
         kind = BuildOOM if code in (137, -9) else BuildFailed   # SIGKILL: what the OOM killer sends
@@ -524,12 +521,6 @@ def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: P
             raise BuildFailed(f"{cell.id}: {source} has sha256 {found[:12]}, the manifest says {wheel.sha256[:12]}: "
                               f"`farm index verify` the wheelhouse")
         _append(log_path, f"[host] staged {wheel.recipe}'s wheel {wheel.published.file} (sha256 {wheel.published.sha256[:12]})")
-
-
-def recipe_timeout(recipe: Recipe) -> float | None:
-    """Seconds a step may take: the recipe's `timeout` is in minutes."""
-    minutes = getattr(recipe, "timeout", None)
-    return minutes * 60.0 if minutes else None
 
 
 def _append(path: Path, line: str) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from farm.arch.archlist import ArchList
 from farm.build.compilelog import failure_line
 from farm.build.toolkit import BuildToolkit
-from farm.errors import BadInput, CompileFailed
+from farm.errors import BadInput, CompileFailed, CompileStalled
 from farm.process import signal_group
 
 # Caller variables a build may legitimately need; everything else starts clean.
@@ -163,15 +163,16 @@ def build_backend(source_dir: Path) -> tuple[str, list[str]]:
 
 def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: Mapping[str, str],
                   out_dir: Path | str, log: Path | str, *, argv_prefix: Sequence[str] = (),
-                  timeout: float | None = None, stop_after: float | None = None) -> Path | None:
+                  stall: float | None = None, stop_after: float | None = None) -> Path | None:
     """The build backend's `build_wheel` in `source_dir`, run by `env_python` (no build isolation, no
     dependencies installed: the torch environment is the build environment); the wheel in `out_dir`.
 
     Output (stdout and stderr) goes to `log`. argv_prefix wraps the command (e.g. a network
     namespace: ['unshare', '--net', '--map-root-user']). Exactly one wheel must come out.
-    timeout: seconds before the compile is killed and fails; stop_after: seconds before it is
-    stopped on purpose (the flags tier), returning None instead of a wheel. Either way the whole
-    process group goes (ninja, nvcc, cicc), not only the frontend.
+    stall: seconds the log may go without growing before the compile is killed as hung
+    (CompileStalled; design.md §6.4); stop_after: seconds before it is stopped on purpose (the flags
+    tier), returning None instead of a wheel. Either way the whole process group goes (ninja, nvcc,
+    cicc), not only the frontend.
     """
     source_dir, out_dir, log = Path(source_dir), Path(out_dir), Path(log)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,11 +187,13 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
             for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "MAX_JOBS", "NVCC_APPEND_FLAGS", "CPATH", "LIBRARY_PATH"):
                 fh.write(f"#   {k}={compile_env.get(k, '')}\n")
             fh.flush()
-            limit = stop_after if stop_after is not None else timeout
-            rc = _run_group(cmd, source_dir, compile_env, fh, limit)
-            if rc == "timeout" and stop_after is not None:
+            rc = run_group(cmd, source_dir, compile_env, fh, stop_after, stall)
+            if rc == "timeout":
                 fh.write(f"# stopped after {time.monotonic() - t0:.1f}s (asked: stop after {stop_after:g}s)\n")
                 return None
+            if rc == "stalled":
+                fh.write(f"# killed after {time.monotonic() - t0:.1f}s: no output for {stall:g}s\n")
+                raise CompileStalled(f"compile killed: no output for {stall:g}s (log: {log})")
             fh.write(f"# exit {rc} after {time.monotonic() - t0:.1f}s\n")
         if rc != 0:
             raise CompileFailed(f"compile failed (exit {rc}) in {source_dir}: {failure_line(log)} (log: {log})")
@@ -204,23 +207,45 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     return final
 
 
-def _run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: float | None) -> int | str:
-    """Run `cmd` in its own process group; past `limit` seconds stop the whole group: "timeout"."""
+def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: float | None = None,
+              stall: float | None = None) -> int | str:
+    """Run `cmd` in its own process group, its output to the file `out`; stop the whole group past `limit`
+    seconds ("timeout"), or once `out` has not grown for `stall` seconds ("stalled": hung, design.md §6.4)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    start = last = time.monotonic()
+    size = -1
+    poll = min(1.0, stall / 10) if stall else None   # a test's 2 s limit is seen within 0.2 s
     try:
-        return proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        signal_group(proc, hard=False)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        signal_group(proc, hard=True)   # whatever ignored SIGTERM (the group outlives its leader)
-        proc.wait()
-        return "timeout"
+        while True:
+            now = time.monotonic()
+            wait = [x for x in (poll, None if limit is None else start + limit - now) if x is not None]
+            try:
+                return proc.wait(timeout=max(0.0, min(wait)) if wait else None)
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+            if limit is not None and now - start >= limit:
+                _stop_group(proc)
+                return "timeout"
+            grown = os.fstat(out.fileno()).st_size
+            if grown != size:
+                size, last = grown, now
+            elif stall is not None and now - last >= stall:
+                _stop_group(proc)
+                return "stalled"
     except BaseException:
         signal_group(proc, hard=True)
         proc.wait()
         raise
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the group, SIGKILL whatever is left 10 s later (the group outlives its leader)."""
+    signal_group(proc, hard=False)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    signal_group(proc, hard=True)
+    proc.wait()
 
 
 # ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit

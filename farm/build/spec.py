@@ -26,7 +26,7 @@ from farm.recipes.cells import Cell
 from farm.recipes.model import ExtraSource, Patch, Recipe, Source, Verify
 
 # Bumped whenever a field changes meaning; a step refuses a spec of another schema.
-SCHEMA = 2
+SCHEMA = 3
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,15 @@ class FarmWheel:
 
 
 @dataclass(frozen=True)
+class StallLimit:
+    """How long the compile (and pre_build) may go without progress before it is killed as hung, and
+    where that limit comes from, for the message (design.md §6.4, farm/build/stall.py)."""
+
+    seconds: float
+    why: str                         # e.g. `recipes/x.yml timeout: 20, x9 emulated`
+
+
+@dataclass(frozen=True)
 class StepSpec:
     schema: int
     cell: Cell
@@ -100,6 +109,7 @@ class StepSpec:
     record: dict                     # the build record's common part, written into the wheel's build info
     farm_wheels: tuple[FarmWheel, ...]
     flags_stop_after_s: float | None  # the flags tier: stop the compile after this long
+    stall: StallLimit | None         # a compile or pre_build silent this long is hung: killed
     compiler_cache_env: Mapping[str, str]
 
     def to_json(self) -> str:

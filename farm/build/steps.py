@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from farm.build import progress
 from farm.build.spec import SourcePart, StepSpec
-from farm.errors import FarmError, StepFailed
+from farm.errors import CompileStalled, FarmError, StepFailed
 
 if TYPE_CHECKING:   # imported where a step needs them: the source step runs without torch's tools
     from farm.build.environments import TorchEnv
@@ -112,11 +111,20 @@ class Steps:
         bash = shutil.which("bash", path=env.get("PATH"))
         if bash is None:
             raise StepFailed(f"pre_build needs bash, and the compile PATH has none: {env.get('PATH')}")
-        with open(self.out / "prebuild.log", "a") as fh:
-            proc = subprocess.run([bash, "-euo", "pipefail", "-c", script], cwd=self._source_dir(), env=env,
-                                  stdout=fh, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            raise StepFailed(f"pre_build failed (exit {proc.returncode}); log {self.out / 'prebuild.log'}")
+        from farm.build.compile import run_group
+
+        log, limit = self.out / "prebuild.log", self.spec.stall
+        with open(log, "a") as fh:   # hung, not slow, is killed: silent for the recipe's timeout (design.md §6.4)
+            rc = run_group([bash, "-euo", "pipefail", "-c", script], self._source_dir(), env, fh,
+                           stall=limit.seconds if limit else None)
+        if rc == "stalled" and limit is not None:
+            from farm.build.compilelog import last_lines
+            from farm.build.stall import stalled_line
+
+            raise StepFailed(stalled_line(limit, (last_lines(log, 1) or ["no output"])[0], what="output")
+                             + f"; log {log}")
+        if rc != 0:
+            raise StepFailed(f"pre_build failed (exit {rc}); log {log}")
         return {"ran": True, "exported": _read_exports(env_file)}
 
     # ----- 4. compile ------------------------------------------------------------
@@ -158,9 +166,19 @@ class Steps:
         stop_after = self.spec.flags_stop_after_s   # the flags tier: record nvcc's calls, stop after a bounded time
         calls = record_nvcc_calls(env, self.out / "nvcc-calls", str(self._toolkit_provisioned().nvcc)) \
             if stop_after is not None else None
+        limit = self.spec.stall   # hung, not slow, is killed: no progress for the recipe's timeout (§6.4)
         with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls) as watch:
-            wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
-                                  self.out / "compile.log", stop_after=stop_after)
+            try:
+                wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
+                                      self.out / "compile.log", stop_after=stop_after,
+                                      stall=limit.seconds if limit else None)
+            except CompileStalled:
+                if limit is None:   # pragma: no cover - only a limit stalls a compile
+                    raise
+                from farm.build.stall import reached, stalled_line
+
+                watch.poll()
+                raise CompileStalled(stalled_line(limit, reached(watch.count))) from None
         found = {}
         if calls is not None:
             # ninja prints an object's line only once it finished: its total may never show before the stop

@@ -217,7 +217,7 @@ class Recipe:
     verify: Verify = field(default_factory=Verify)
     # Scheduling hints (design.md §11.2, §11.5), not build inputs: they never change a build key.
     peak_gb_per_job: float | None = None   # None: the policy default (memory admission)
-    timeout: int | None = None             # minutes one cell may take (farm build, CI timeout-minutes)
+    timeout: int | None = None             # minutes a compile may go without progress (design.md §6.4); CI timeout-minutes
     self_hosted: bool = False              # huge builds: CI routes them to a self-hosted runner label
 
     # -- arch fields, as design.md §4 names them (parsed into `arch`)

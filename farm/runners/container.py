@@ -38,9 +38,21 @@ from farm.runners.base import (
     standard_mounts,
 )
 from farm.runners.engine import Engine, Limits, Mount, default_limits
+from farm.runners.owner import ROLE_LABEL
 from farm.settings import PROJECT_ROOT, cache_dir
 
 TOOLS_TARGET = "/farm/tools"
+_reaped: set[str] = set()   # engines whose orphans this process has removed already
+
+
+def reap_once(engine: Engine) -> None:
+    """At the start of a container build (`farm build`, each cell of `farm run`): remove the containers
+    whose owner died without removing them, a SIGKILLed build's (farm/runners/owner.py); once per process."""
+    if engine.exe in _reaped:
+        return
+    _reaped.add(engine.exe)
+    for cid in engine.reap_orphans():
+        print(f"farm: removed container {cid[:12]}: the farm process that started it is gone")
 
 
 def project_requirements() -> list[str]:
@@ -67,6 +79,7 @@ class ContainerRunner:
                  limits: Limits | None = None, build_image: bool = True, entrypoint: str = ENTRYPOINT_MODULE):
         self.entrypoint = entrypoint
         self.engine = engine or Engine.detect()
+        reap_once(self.engine)
         self.arch = images.check_arch(arch or host_arch())
         if image is None:
             image = images.load_image(self.arch, self.engine)
@@ -202,7 +215,8 @@ class ContainerRunner:
         workdir = WORK_TARGET if any(m.target == WORK_TARGET for m in all_mounts) else None
         res = self.engine.run(self.image.ref, [f"{TOOLS_TARGET}/bin/python", "-m", self.entrypoint, *argv],
                               log_path=log_path, timeout=timeout, mounts=all_mounts, env=step_env,
-                              workdir=workdir, limits=self.limits, network=network, arch=self.arch)
+                              workdir=workdir, limits=self.limits, network=network, arch=self.arch,
+                              labels={ROLE_LABEL: "build"})
         return res.exit_code
 
     def describe(self) -> dict:

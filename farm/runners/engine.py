@@ -1,7 +1,7 @@
 """The container engine behind the Docker CLI: docker or podman, one class.
 
 The farm speaks only Docker CLI verbs (build, create, start, wait, rm, run, cp,
-inspect, import, and save, load, pull, tag to hand an image to another host), which both `docker` and `podman` understand (design.md §8.2). Which
+inspect, ps, import, and save, load, pull, tag to hand an image to another host), which both `docker` and `podman` understand (design.md §8.2). Which
 executable is used: `FARM_ENGINE` (docker | podman | a path), else the first of
 docker, podman that answers `info`. Engine differences are handled here and
 nowhere else; each one is commented where it is handled.
@@ -23,6 +23,7 @@ from farm import settings
 from farm.errors import BadInput, EngineError, EngineUnavailable
 from farm.platforms import meminfo_gb
 from farm.process import last_line, run
+from farm.runners.owner import OWNER_LABEL, ROLE_LABEL, owner_gone, owner_value
 
 ENGINE_NAMES = ("docker", "podman")
 # The docker client answers `--version` without an engine; `info` needs the engine itself.
@@ -286,11 +287,15 @@ class Engine:
 
     def create(self, image: str, argv: list[str], mounts: Sequence[Mount] = (), env: dict[str, str] | None = None,
                workdir: str | None = None, limits: Limits | None = None, network: bool = True,
-               arch: str | None = None, name: str | None = None, user: str | None = None) -> str:
-        """`create` a container (not started); returns its id."""
+               arch: str | None = None, name: str | None = None, user: str | None = None,
+               labels: dict[str, str] | None = None) -> str:
+        """`create` a container (not started); returns its id. It is labelled with its owner, this
+        process, so that a later start can remove it if this process dies without doing so (reap_orphans)."""
         args = ["create"]
         if name:
             args += ["--name", name]
+        for k, v in {ROLE_LABEL: "tool", **(labels or {}), OWNER_LABEL: owner_value()}.items():
+            args += ["--label", f"{k}={v}"]
         for m in mounts:
             args += ["--mount", m.as_arg()]
         for k, v in (env or {}).items():
@@ -342,6 +347,26 @@ class Engine:
 
     def cp_out(self, container: str, src: str, dest: Path) -> None:
         self._run(["cp", f"{container}:{src}", str(dest)])
+
+    def reap_orphans(self) -> list[str]:
+        """Remove the containers this farm created on this host whose owner process is gone (a SIGKILLed
+        `farm build` leaves its build running); returns their ids. One `ps` when there are none; never
+        touches a container without the owner label, one of a live owner, or one of another host."""
+        found = self._run(["ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format", "{{.ID}}"], check=False)
+        ids = found.stdout.split() if found.returncode == 0 else []
+        if not ids:
+            return []
+        # docker's `ps` prints labels as one string, podman's as a map: `inspect` reads both alike.
+        # A container removed meanwhile fails its part of the answer; the others' lines still come.
+        owners = self._run(["inspect", "--type", "container", "--format",
+                            f'{{{{.Id}}}} {{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *ids], check=False)
+        reaped = []
+        for line in owners.stdout.splitlines():
+            cid, _, owner = line.strip().partition(" ")
+            if cid and owner_gone(owner.strip()):
+                self.rm(cid)
+                reaped.append(cid)
+        return reaped
 
     def rm(self, container: str) -> None:
         """Remove `container`, killing it at once if it runs: a build has nothing to save on the way out.
