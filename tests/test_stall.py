@@ -114,10 +114,19 @@ def build_command(cell: str, recipes: Path, tmp_path: Path) -> tuple[list[str], 
                   "FARM_WHEELHOUSE": str(tmp_path / "house")}
 
 
-def _env_lock(recipes: Path, cell_id: str, monkeypatch) -> Path:
-    """The lock of the base torch environment the cell's env step takes (another build creating it holds
-    it exclusively)."""
-    from farm.build.environments import EnvRequest, base_key, python_version
+def _private_env_lock(recipes: Path, cell_id: str, cache: Path, monkeypatch) -> Path:
+    """The lock of the base torch environment the cell's env step takes, in a cache folder of this test's own.
+
+    The machine's environment is made ready first (a shared lease, as any build takes). `cache` then links every
+    entry of the machine's cache except `envs`, where only that environment is linked: its lock file is the
+    test's alone, so holding it exclusively waits for no other build's lease and blocks none of them."""
+    from farm.build.environments import (
+        EnvRequest,
+        base_environment,
+        base_key,
+        download_environment,
+        python_version,
+    )
     from farm.recipes.plan import cell_plan
     from farm.run.cachebudget import lock_file
     from farm.runners.host import HostRunner
@@ -125,9 +134,19 @@ def _env_lock(recipes: Path, cell_id: str, monkeypatch) -> Path:
 
     monkeypatch.setenv("FARM_RECIPES", str(recipes))
     cell, _ = cell_plan(cell_id)
-    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, "")
-    python = HostRunner().python(cell.python)[0]
-    return lock_file(cache_dir() / "envs" / base_key(req, "host", python_version(Path(python))))
+    runner = HostRunner()
+    req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, runner.describe()["glibc"])
+    python = runner.python(cell.python)[0]
+    download_environment(req)
+    env = base_environment(req, python)
+    shared = cache_dir()
+    (cache / "envs").mkdir(parents=True)
+    for entry in shared.iterdir():
+        if entry.name not in ("envs", "work", "engine-cwd"):
+            (cache / entry.name).symlink_to(entry)
+    own = cache / "envs" / base_key(req, "host", python_version(Path(python)))
+    own.symlink_to(env.path)
+    return lock_file(own)
 
 
 def _events(out: Path, step: str, kind: str) -> list[dict]:
@@ -141,7 +160,7 @@ def _events(out: Path, step: str, kind: str) -> list[dict]:
 @pytest.mark.slow
 def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_does_not_count(tmp_path,
                                                                                                monkeypatch):
-    """The env step waits on the shared environment's lock (held by this test, as by a build creating it)
+    """The env step waits on the environment's lock (held by this test, as by a build creating it)
     for three times the limit and goes on; the compile then prints two objects and hangs, and is killed
     after the limit with one line naming it, where it comes from and the progress reached."""
     from farm.run.cachebudget import flocked
@@ -149,8 +168,10 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
     recipes = recipe_folder(tmp_path, "stall_probe", source(tmp_path, steps=2, pause=0, hang=600))
     cell = "stall_probe-cu130-torch2.13-py311"
     out = tmp_path / "out"
-    lock = _env_lock(recipes, cell, monkeypatch)
+    cache = tmp_path / "cache"
+    lock = _private_env_lock(recipes, cell, cache, monkeypatch)
     argv, env = build_command(cell, recipes, tmp_path)
+    env.update(FARM_CACHE=str(cache), FARM_CACHE_BUDGET_GB="100000")   # never evict through the links
     held = threading.Event()
     release = threading.Event()
 
@@ -161,7 +182,7 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
 
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
-    assert held.wait(300), "could not take the environment's lock"
+    assert held.wait(30), "could not take the environment's lock"
     proc = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
