@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _sigterm_as_interrupt():
             args = parser.parse_args(argv)   # an argument's `type` may refuse a value in one line too
+            if getattr(args, "recipes", None) is not None:
+                settings.use_recipes_dir(args.recipes)
             return int(args.func(args) or 0)
     except FarmError as exc:
         print(f"farm: {exc}", file=sys.stderr)

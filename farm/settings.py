@@ -112,6 +112,13 @@ def recipes_dir() -> Path:
     return _path(RECIPES, PROJECT_ROOT / "recipes")
 
 
+def use_recipes_dir(folder: Path) -> None:
+    """`--recipes DIR` is FARM_RECIPES for this command: exported (absolute, since a child may run
+    elsewhere) so every reader below it and every child it starts (farm run's builds, a row's
+    siblings) reads the same folder (design.md §4.6)."""
+    os.environ[RECIPES.name] = str(Path(folder).resolve())
+
+
 def cache_dir() -> Path:
     """Heavy things that survive runs on one machine: toolkits, torch environments, images."""
     return _path(CACHE, Path.home() / ".cache" / "farm")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from farm.arch.archlist import ArchList
 from farm.arch.resolve import NO_OVERRIDES, resolve
-from farm.commands.common import Known, add_platform, load_recipe_arch, print_json
+from farm.commands.common import Known, add_platform, add_recipes, load_recipe_arch, print_json
 from farm.errors import NoSuchCell
 from farm.platforms import lane
 from farm.policy import clamp, load_defaults
@@ -23,6 +23,7 @@ def register(sub) -> None:
     which.add_argument("--package", help="resolve with this recipe's overrides")
     which.add_argument("--arch-list", help="explain an explicit list instead of the policy's")
     explain.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(explain)
     explain.set_defaults(func=explain_command)
 
 

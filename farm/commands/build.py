@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from farm.commands.common import add_mem_budget, add_path, arch_token_arg, minutes_arg
+from farm.commands.common import add_mem_budget, add_path, add_recipes, arch_token_arg, minutes_arg
 from farm.runners.base import RUNNER_KINDS
 
 
@@ -14,10 +14,12 @@ def register(sub) -> None:
     parser = sub.add_parser("build", help="build one cell: source -> wheel -> repair -> verify -> publish")
     parser.add_argument("cell", help="a cell id, e.g. farm_demo-cu130-torch2.13-py311")
     parser.add_argument("--runner", choices=RUNNER_KINDS, help="default: container when an engine answers, else host")
-    add_path(parser, "--out", kind="output_dir", help="output folder (default build/<cell id>)")
+    add_recipes(parser)
+    add_path(parser, "--out", kind="output_dir", help="output folder (default: build/<cell id> in the project)")
     parser.add_argument("--force", action="store_true", help="build even when the build key is already published")
     parser.add_argument("--no-publish", action="store_true")
-    add_path(parser, "--wheelhouse", kind="output_dir")
+    add_path(parser, "--wheelhouse", kind="output_dir",
+             help="where the wheel is published (default: $FARM_WHEELHOUSE, else wheelhouse/ in the project)")
     parser.add_argument("--plat", help="wheel platform tag to ask auditwheel for (default: the image's)")
     parser.add_argument("--no-compiler-cache", action="store_true", help="compile without ccache (benchmarks)")
     add_mem_budget(parser, "memory the build may use, max_jobs x peak_gb_per_job; fewer jobs when the "

@@ -249,6 +249,13 @@ def add_path(parser, *flags: str, kind: str, **kw) -> None:
     parser.add_argument(*flags, type=path_arg(name, kind), **kw)
 
 
+def add_recipes(parser) -> None:
+    """--recipes DIR on a verb that reads recipes: a folder of <name>.yml beside patches/<name>/
+    (design.md §4.6); the CLI makes it the FARM_RECIPES of the command."""
+    add_path(parser, "--recipes", kind="input_dir", metavar="DIR",
+             help="the recipes folder (default: $FARM_RECIPES, else the project's recipes/)")
+
+
 def print_json(data) -> None:
     """JSON on stdout in one write; a list gets one compact item per line (the C encoder: 14k cells stay fast)."""
     if isinstance(data, list):

@@ -8,6 +8,7 @@ from farm.arch.coverage import DEAD, JIT, NATIVE, UNKNOWN, device_for_sm
 from farm.arch.find import coverage_rows, find
 from farm.commands.common import (
     add_platform,
+    add_recipes,
     check_selection,
     check_version,
     did_you_mean,
@@ -31,6 +32,7 @@ def register(sub) -> None:
     add_platform(cov)
     cov.add_argument("--driver", type=driver_value, help="NVIDIA driver branch, e.g. 575")
     cov.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(cov)
     cov.set_defaults(func=coverage_command)
 
     fnd = sub.add_parser("find", help="which channels serve a GPU, best first, with the exact install command")
@@ -43,6 +45,7 @@ def register(sub) -> None:
     fnd.add_argument("--torch", help="the torch minor already installed, e.g. 2.8")
     fnd.add_argument("--package")
     fnd.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(fnd)
     fnd.set_defaults(func=find_command)
 
 

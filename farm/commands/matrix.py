@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from farm import settings
-from farm.commands.common import add_path, number_arg
+from farm.commands.common import add_path, add_recipes, number_arg
 from farm.errors import UpstreamUnreadable
 from farm.matrix.grid import (
     DEFAULT_SOURCE,
@@ -47,6 +47,7 @@ def register(sub) -> None:
     p = verbs.add_parser("watch", help="report what the live index has that the grid lacks (exit 0/3/4)")
     p.add_argument("--index-url", default=DEFAULT_SOURCE)
     p.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(p)   # a new line's checklist names the recipes whose maps lack it
     p.set_defaults(func=watch_command)
 
     p = verbs.add_parser("pages", help="write the matrix/ HTML page (one table per CUDA line)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from farm.commands.common import add_path, check_selection, empty_selection, platform_value, print_json
+from farm.commands.common import add_path, add_recipes, check_selection, empty_selection, platform_value, print_json
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.recipes.estimate import DEFAULT_RUNNERS, check_runners
@@ -20,6 +20,7 @@ def add_filters(parser) -> None:
     parser.add_argument("--platform", action="append", default=[], type=platform_value,
                         metavar="{" + ",".join(PLATFORMS) + "}")
     parser.add_argument("--shard", help="i/n: only this host's share (a hash of the cell id)")
+    add_recipes(parser)   # every verb that selects cells reads the recipes
 
 
 def filters_of(args) -> Filters:

@@ -1,4 +1,5 @@
-"""`farm recipes check` (validate every recipe, print the fallback hazards of design.md §3.5) and `farm recipes list`."""
+"""`farm recipes check` (validate every recipe, print the fallback hazards of design.md §3.5), `farm recipes list`,
+`farm recipes new` (a first recipe from a pinned sdist or git tag, §4.6) and `farm recipes scan` (upstream hazards, §4.7)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 from typing import TypedDict
 
 from farm import settings
-from farm.commands.common import print_json
+from farm.commands.common import add_path, add_recipes, print_json
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes
 from farm.recipes.reader import load_recipes
@@ -17,12 +18,29 @@ def register(sub) -> None:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     check = verbs.add_parser("check", help="validate every recipe (exit 2 on an invalid one) and print fallback hazards")
-    check.add_argument("--dir", metavar="DIR", default=None,
-                       help="the recipes folder (default: FARM_RECIPES, else recipes/)")
+    add_path(check, "--recipes", "--dir", kind="input_dir", metavar="DIR",   # --dir: its older name
+             help="the recipes folder (default: $FARM_RECIPES, else the project's recipes/)")
     check.set_defaults(func=check_command)
     listing = verbs.add_parser("list", help="one line per recipe: torch axis, wheel ABI, platforms, source")
     listing.add_argument("--format", choices=("table", "json"), default="table")
+    add_recipes(listing)
     listing.set_defaults(func=list_command)
+    new = verbs.add_parser("new", help="write recipes/NAME.yml from a pinned sdist or git tag, check it, scan the "
+                                       "source for hazards and print the cell to build first")
+    new.add_argument("name", metavar="NAME", help="the recipe's name: the wheel's name, lowercase, with underscores")
+    new.add_argument("--sdist", metavar="PROJECT==VERSION", help="the release's sdist on PyPI ($FARM_PYPI_URL)")
+    new.add_argument("--git", metavar="URL", help="a git repository (git's url.<mirror>.insteadOf applies)")
+    new.add_argument("--ref", metavar="TAG", help="with --git: a release tag or a full commit SHA")
+    add_recipes(new)
+    new.set_defaults(func=new_command)
+    scan = verbs.add_parser("scan", help="read a recipe's upstream source for the hazards the farm has met, each "
+                                         "with file:line and the farm's fix")
+    scan.add_argument("name", metavar="NAME")
+    add_path(scan, "--source", kind="input_dir", metavar="DIR",
+             help="scan this checkout instead of fetching the recipe's source (paths as its patches see them)")
+    scan.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(scan)
+    scan.set_defaults(func=scan_command)
     from farm.recipes.status import register_verbs
 
     register_verbs(verbs)   # status, block, rebuild
@@ -30,7 +48,7 @@ def register(sub) -> None:
 
 def check_command(args) -> int:
     defaults = load_defaults()
-    report = check_recipes(args.dir, defaults=defaults)
+    report = check_recipes(args.recipes, defaults=defaults)
     for error in report.errors:           # every problem of every file, one line each
         print(f"farm: {error}", file=sys.stderr)
     folder = settings.display(report.folder)
@@ -103,3 +121,54 @@ def list_command(args) -> int:
               f"{span:<11} {row['source']}{flags}")
     print(f"{len(rows)} recipes, {sum(r['needs_patch'] for r in rows)} marked needs_patch")
     return 0
+
+
+def new_command(args) -> int:
+    from farm.recipes.new import check_name, fetched, render
+    from farm.recipes.scan import scan_tree
+    from farm.recipes.status import status_cell_id
+    from farm.yamlio import write_atomic
+
+    folder = settings.recipes_dir()
+    target = check_name(args.name, folder)          # refused before anything is fetched
+    defaults = load_defaults()
+    with fetched(args.sdist, args.git, args.ref) as pinned:
+        print(f"pinned: {pinned.shown}" + (f", version {pinned.version}" if pinned.version else ""))
+        report = scan_tree(pinned.tree)
+        text = render(args.name, pinned, defaults, report.hazards)
+    write_atomic(target, text)
+    checked = check_recipes(folder, defaults=defaults)
+    mine = [e for e in checked.errors if e.where == settings.display(target)]
+    if mine:   # never leave a recipe the farm refuses: the first line says why
+        target.unlink()
+        raise mine[0]
+    print(f"wrote {settings.display(target)}; farm recipes check: {len(checked.recipes)} valid in "
+          f"{settings.display(checked.folder)}/")
+    _print_hazards(report.hazards, report.files_read)
+    recipe = checked.recipes[args.name]
+    given = "" if folder.resolve() == (settings.PROJECT_ROOT / "recipes").resolve() else f" --recipes {folder}"
+    print(f"build first: farm build {status_cell_id(recipe)}{given}")
+    return 0
+
+
+def scan_command(args) -> int:
+    from farm.recipes.scan import scan_recipe
+    from farm.recipes.status import known_recipe
+
+    report = scan_recipe(known_recipe(args.name), args.source)
+    if args.format == "json":
+        print_json({"files_read": report.files_read, "skipped": report.skipped,
+                    "hazards": [h.plain() for h in report.hazards]})
+        return 0
+    _print_hazards(report.hazards, report.files_read)
+    return 0
+
+
+def _print_hazards(hazards, files_read: int) -> None:
+    handled = sum(1 for h in hazards if h.handled)
+    print(f"hazard scan (design.md section 4.7): {len(hazards)} in {files_read} files"
+          + (f", {handled} handled by the recipe" if handled else ""))
+    for h in hazards:
+        print(f"  {h.location}: {h.kind}: {h.summary}")
+        print(f"      {h.text}")
+        print(f"      {'handled: ' + h.handled if h.handled else 'fix: ' + h.fix}")

@@ -15,7 +15,7 @@ import sys
 from farm.arch.archlist import ArchList
 from farm.build.verify.expectation import Expectation, cell_expectation
 from farm.build.verify.gate import verify_wheel
-from farm.commands.common import add_path, add_platform, check_version
+from farm.commands.common import add_path, add_platform, add_recipes, check_version
 from farm.errors import BadInput, FarmError, GateCannotRun, shorten
 from farm.versions import cuda_tag, python_tag
 from farm.yamlio import write_atomic
@@ -38,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--skip-import", action="store_true", help="skip the import check")
     add_path(p, "--report", kind="output_file", help="write the JSON reports to this file")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    add_recipes(p)   # --cell reads the plan
     p.set_defaults(func=verify_command)
 
 

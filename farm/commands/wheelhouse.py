@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from farm.commands.common import add_path
+from farm.commands.common import add_path, add_recipes
 from farm.settings import default_wheelhouse
 
 
@@ -35,6 +35,7 @@ def register(sub) -> None:
     r.set_defaults(func=rebuild_command)
     pg = isub.add_parser("pages", help="write the human pages: find-your-wheel (index.html, find.json), matrix/, archs/")
     _add_house(pg)
+    add_recipes(pg)   # find-your-wheel lists every recipe
     pg.set_defaults(func=pages_command)
     v = isub.add_parser("verify", help="check the journal, re-hash every wheel and sidecar, find orphans and "
                                        "links under files/, compare every page with the journal, follow every link")

@@ -365,6 +365,7 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
 def register_verbs(verbs) -> None:
     from farm.commands.common import (  # every option checked while parsing
         add_path,
+        add_recipes,
         arch_token_arg,
         minutes_arg,
     )
@@ -373,15 +374,18 @@ def register_verbs(verbs) -> None:
                                              "build records")
     add_path(status, "--records", kind="input_dir", help="records folder (default recipes/records)")
     add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC})")
+    add_recipes(status)
     status.set_defaults(func=status_command)
     block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
     block.add_argument("name")
     block.add_argument("--why", required=True, help="one line: what blocks it")
     block.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    add_recipes(block)
     block.set_defaults(func=block_command)
     unblocked = verbs.add_parser("unblock", help="put a blocked recipe's last measured build record back")
     unblocked.add_argument("name")
     unblocked.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    add_recipes(unblocked)
     unblocked.set_defaults(func=unblock_command)
     rebuild = verbs.add_parser("rebuild", help="build the named recipes' status cells one at a time, record them, "
                                                "regenerate the table")
@@ -390,6 +394,7 @@ def register_verbs(verbs) -> None:
     rebuild.add_argument("--for", dest="minutes", type=minutes_arg("--for"), help="flags tier: minutes of compile (default 10)")
     rebuild.add_argument("--arch", type=arch_token_arg("--arch"), help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
     rebuild.add_argument("--runner", choices=("container", "host"), default="container")
+    add_recipes(rebuild)
     rebuild.set_defaults(func=rebuild_command)
 
 
@@ -400,7 +405,8 @@ def status_command(args) -> int:
     return 0
 
 
-def _known(name: str):
+def known_recipe(name: str):
+    """The loaded recipe `name`, or one line naming the folder that lacks it."""
     from farm.recipes.reader import load_recipes
 
     recipes = load_recipes()
@@ -413,14 +419,14 @@ def block_command(args) -> int:
     why = " ".join(args.why.split())
     if not why or "\n" in args.why.strip():
         raise BadInput("farm recipes block", "--why", args.why, "say what blocks it in one non-empty line")
-    recipe = _known(args.name)
+    recipe = known_recipe(args.name)
     path = write_blocked_record(recipe.name, why, status_cell_id(recipe), args.records)
     print(f"{recipe.name}: blocked ({why}); recorded in {settings.display(path)}")
     return 0
 
 
 def unblock_command(args) -> int:
-    recipe = _known(args.name)
+    recipe = known_recipe(args.name)
     path = unblock(recipe.name, args.records)
     state = "its last build put back" if path.exists() else "not built yet"
     print(f"{recipe.name}: unblocked ({state}) in {settings.display(path)}")
@@ -436,7 +442,7 @@ def rebuild_command(args) -> int:
         raise BadInput("farm recipes rebuild", "--arch", args.arch, "only the smoke tier builds one chosen token")
     if args.minutes is not None and args.tier != "flags":
         raise BadInput("farm recipes rebuild", "--for", f"{args.minutes:g}", "only the flags tier stops after a time")
-    cells = [status_cell_id(_known(name)) for name in args.names]   # every name checked before building
+    cells = [status_cell_id(known_recipe(name)) for name in args.names]   # every name checked before building
     if args.arch is not None:   # and the token, in every cell's list, before a build or the table is written
         from farm.recipes.cells import smoke_cell
         from farm.recipes.plan import cell_plan

@@ -16,6 +16,7 @@ import stat
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -39,10 +40,19 @@ def pypi_index() -> str:
     return settings.PYPI_URL.value().rstrip("/")
 
 
-def resolve_pypi_sdist(pin: str, where: str = "recipe") -> str:
-    """'name==version' (a pin the recipe loader checked) -> the URL of that release's sdist, from
-    PyPI's simple index (PEP 691 JSON, or PEP 503 HTML when a plain mirror answers): the interface
-    every PyPI mirror and proxy serves."""
+@dataclass(frozen=True)
+class SdistLink:
+    """One release's sdist as the index lists it: its file name, URL and the sha256 the index gives."""
+
+    filename: str
+    url: str
+    sha256: str | None
+
+
+def find_pypi_sdist(pin: str, where: str = "recipe", key: str = "source.sdist.pypi") -> SdistLink:
+    """'name==version' -> that release's sdist, from PyPI's simple index (PEP 691 JSON, or PEP 503 HTML
+    when a plain mirror answers): the interface every PyPI mirror and proxy serves. A .tar.gz is
+    preferred over a .zip."""
     requirement = Requirement(pin)
     name, version = requirement.name, next(iter(requirement.specifier)).version
     page = f"{pypi_index()}/simple/{canonicalize_name(name)}/"
@@ -52,28 +62,37 @@ def resolve_pypi_sdist(pin: str, where: str = "recipe") -> str:
     except requests.RequestException as exc:
         raise SourceError(f"cannot reach {page}: {type(exc).__name__}") from None
     if resp.status_code == 404:
-        raise BadInput(where, "source.sdist.pypi", pin, "no such project on PyPI")
+        raise BadInput(where, key, pin, "no such project on PyPI")
     if resp.status_code != 200:
         raise SourceError(f"{page}: HTTP {resp.status_code}")
+    links: list[tuple[str, str, str | None]] = []
     if "json" in resp.headers.get("Content-Type", ""):
         try:
-            links = [(f["filename"], f["url"]) for f in resp.json()["files"]]
-        except (ValueError, KeyError, TypeError):
+            links = [(f["filename"], f["url"], (f.get("hashes") or {}).get("sha256")) for f in resp.json()["files"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise SourceError(f"{page}: not a PEP 691 project page") from None
     else:
-        links = [(html.unescape(text).strip(), html.unescape(href))
-                 for href, text in re.findall(r'<a\s[^>]*href="([^"]*)"[^>]*>([^<]*)</a>', resp.text)]
+        for href, text in re.findall(r'<a\s[^>]*href="([^"]*)"[^>]*>([^<]*)</a>', resp.text):
+            url = html.unescape(href)
+            digest = re.search(r"#sha256=([0-9a-f]{64})$", url)
+            links.append((html.unescape(text).strip(), url, digest.group(1) if digest else None))
     sdists = []
-    for filename, url in links:
+    for filename, url, sha256 in links:
         try:
             _, file_version = parse_sdist_filename(filename)
         except (InvalidSdistFilename, InvalidVersion):
             continue
         if file_version == Version(version):
-            sdists.append((not filename.endswith(".tar.gz"), urljoin(resp.url, url.split("#", 1)[0])))
+            link = SdistLink(filename, urljoin(resp.url, url.split("#", 1)[0]), sha256)
+            sdists.append((not filename.endswith(".tar.gz"), link.url, link))
     if not sdists:
-        raise BadInput(where, "source.sdist.pypi", pin, "no such release with an sdist on PyPI")
-    return min(sdists)[1]
+        raise BadInput(where, key, pin, "no such release with an sdist on PyPI")
+    return min(sdists)[2]
+
+
+def resolve_pypi_sdist(pin: str, where: str = "recipe") -> str:
+    """'name==version' (a pin the recipe loader checked) -> the URL of that release's sdist."""
+    return find_pypi_sdist(pin, where).url
 
 
 def download(url: str, dest: Path, sha256: str, where: str, key: str) -> Path:
