@@ -256,12 +256,16 @@ def test_commands_that_load_recipes_still_refuse_in_one_line(tmp_path):
 
 
 def test_a_missing_recipes_folder_is_one_line_not_zero_recipes(tmp_path):
+    # --dir is --recipes' older name: both are checked while the command line is parsed.
     res = run_farm("recipes", "check", "--dir", str(tmp_path / "nope"), timeout=60)
-    assert_one_line_refusal(res, 2, f"farm: {tmp_path / 'nope'}: no such recipes folder")
+    assert_one_line_refusal(res, 2, f"farm: command line: --recipes: '{tmp_path / 'nope'}': no such folder")
     assert res.stdout == ""
     (tmp_path / "file").write_text("x")
-    res = run_farm("recipes", "check", "--dir", str(tmp_path / "file"), timeout=60)
-    assert_one_line_refusal(res, 2, f"farm: {tmp_path / 'file'}: not a folder")
+    res = run_farm("recipes", "check", "--recipes", str(tmp_path / "file"), timeout=60)
+    assert_one_line_refusal(res, 2, f"farm: command line: --recipes: '{tmp_path / 'file'}': is a file, not a folder")
+    # FARM_RECIPES, read where no option was given, is checked by the loader, in one line too.
+    res = run_farm("recipes", "check", env={"FARM_RECIPES": str(tmp_path / "nope")}, timeout=60)
+    assert_one_line_refusal(res, 2, f"farm: {tmp_path / 'nope'}: no such recipes folder")
 
 
 def test_the_alias_bomb_is_refused_fast_without_expanding_it(tmp_path):

@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from farm.commands.common import add_path, add_recipes, check_selection, empty_selection, platform_value, print_json
+from farm.commands.common import (
+    add_path,
+    add_recipes,
+    check_selection,
+    empty_selection,
+    platform_value,
+    print_json,
+)
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.recipes.estimate import DEFAULT_RUNNERS, check_runners

@@ -8,6 +8,7 @@ from typing import TypedDict
 
 from farm import settings
 from farm.commands.common import add_path, add_recipes, print_json
+from farm.errors import BadInput
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes
 from farm.recipes.reader import load_recipes
@@ -138,7 +139,7 @@ def new_command(args) -> int:
         text = render(args.name, pinned, defaults, report.hazards)
     write_atomic(target, text)
     checked = check_recipes(folder, defaults=defaults)
-    mine = [e for e in checked.errors if e.where == settings.display(target)]
+    mine = [e for e in checked.errors if isinstance(e, BadInput) and e.where == settings.display(target)]
     if mine:   # never leave a recipe the farm refuses: the first line says why
         target.unlink()
         raise mine[0]

@@ -69,7 +69,7 @@ def fetched(sdist: str | None, git: str | None, ref: str | None) -> Iterator[Pin
         raise BadInput("command line", "--sdist/--git", None, "give exactly one source: --sdist NAME==VERSION or --git URL --ref TAG")
     if git is not None and ref is None:
         raise BadInput("command line", "--ref", None, "--git needs --ref: a release tag or a full commit SHA")
-    if sdist is None and ref is not None:
+    if git is None and ref is not None:
         raise BadInput("command line", "--ref", ref, "only --git takes a ref")
     scratch = Path(tempfile.mkdtemp(prefix="farm-new-"))
     try:

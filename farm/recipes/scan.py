@@ -4,7 +4,7 @@ in its packages, and name each with file, line and the farm's own fix for it.
 It reads the build scripts (every setup.py, CMakeLists.txt and *.cmake) and the C++/CUDA sources (.cu,
 .cuh, .cpp, .cc, .h, .hpp), outside vendored folders (third_party/, cutlass/, ...: their build files are
 rarely the package's build, and their headers would drown its own findings). Each rule is a line
-pattern; a hazard is the first line of a run of hits of one rule (a table of -gencode lines is one).
+pattern; the hits of one hazard class in one file are one hazard, located at its first line.
 
 Against a recipe, a hazard is marked handled when one of its patches changes that line (a hunk's old
 lines cover it, or a removed line reads the same), when its `env` sets a variable the file reads,
@@ -22,13 +22,15 @@ from pathlib import Path
 BUILD_NAMES = ("setup.py", "CMakeLists.txt")
 BUILD_SUFFIXES = (".cmake",)
 SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".h", ".hpp")
-VENDORED = frozenset({"third_party", "thirdparty", "3rdparty", "external", "extern", "vendor", "cutlass",
-                      ".git", "test", "tests", "docs", "examples", "benchmarks"})
+VENDORED = frozenset({"third_party", "thirdparty", "3rdparty", "external", "extern", "vendor", "cutlass", "pybind11",
+                      "test", "tests", "docs", "examples", "benchmarks"})
 MAX_FILE_BYTES = 2 << 20
-RUN_GAP = 2   # hits of one rule at most this many lines apart are one hazard
+UNLESS_WINDOW = 2   # a rule's `unless` looks this many lines either side (a condition split over lines)
+_ROCM = re.compile(r"offload-arch|gcnArchName|\bhip\b|rocm", re.IGNORECASE)   # AMD's branch of a setup.py
+_MESSAGE = re.compile(r"print\(|warn|please|raise|assert|error|message", re.IGNORECASE)   # words about a fetch
 
 # The variables the farm exports for a cell's arch list (design.md §6.4): reading these is the point.
-FARM_ARCH_VARIABLES = frozenset({"TORCH_CUDA_ARCH_LIST", "CUDAARCHS", "CMAKE_CUDA_ARCHITECTURES"})
+EXPORTED_ARCH_VARIABLES = frozenset({"TORCH_CUDA_ARCH_LIST", "CUDAARCHS", "CMAKE_CUDA_ARCHITECTURES"})
 
 # What each hazard class's fix is, in the farm's own terms; patches named are real ones to copy.
 FIX = {
@@ -72,7 +74,8 @@ class Rule:
     where: str                 # "python" (setup.py), "cmake", "source" (C++/CUDA)
     pattern: re.Pattern
     summary: str               # may use {0}: the pattern's first group
-    unless: re.Pattern | None = None   # a hit whose line also matches this is no hazard
+    unless: re.Pattern | None = None   # a hit near a line matching this is no hazard
+    window: int = UNLESS_WINDOW        # lines either side `unless` looks at (0: the hit's own line)
 
 
 def _rx(text: str) -> re.Pattern:
@@ -82,7 +85,7 @@ def _rx(text: str) -> re.Pattern:
 RULES = (
     Rule("gpu-probe", "python", _rx(r"torch\.cuda\.(get_device_capability|get_device_properties|device_count|"
                                     r"current_device)\s*\("),
-         "asks the build machine's GPU (torch.cuda.{0}): a build host has none"),
+         "asks the build machine's GPU (torch.cuda.{0}): a build host has none", unless=_ROCM, window=0),
     Rule("gpu-probe", "python", _rx(r"torch\.cuda\.(is_available)\s*\("),
          "decides on torch.cuda.{0}(), false on a GPU-less build host", unless=_rx(r"FORCE_CUDA")),
     Rule("gpu-probe", "python", _rx(r"(nvidia-smi)"), "runs {0}: a build host has no GPU"),
@@ -93,12 +96,13 @@ RULES = (
     Rule("own-arch-list", "python", _rx(r"(-gencode|arch=compute_\d|code=sm_\d|-arch=sm_)"),
          "writes its own {0} flags instead of following TORCH_CUDA_ARCH_LIST"),
     Rule("own-arch-variable", "python", _rx(r"""(?:getenv|environ\.get|environ\[)\s*\(?\s*['"](\w*ARCH\w*)['"]"""),
-         "reads its own arch variable {0}"),
+         "reads its own arch variable {0}", unless=_ROCM, window=1),
     Rule("cmake-arch", "cmake", _rx(r"(set\s*\(\s*CMAKE_CUDA_ARCHITECTURES|CUDA_ARCHITECTURES\s+\S|-gencode)"),
          "sets its own CUDA architectures ({0})", unless=_rx(r"CUDAARCHS|NOT\s+DEFINED")),
     Rule("download", "python", _rx(r"(urlretrieve|urlopen|requests\.get|wget\s|curl\s|git\s+clone|['\"]clone['\"])"),
-         "downloads during the build ({0})"),
-    Rule("submodule", "python", _rx(r"(git\s+submodule|['\"]submodule['\"])"), "fetches submodules during the build"),
+         "downloads during the build ({0})", unless=_MESSAGE, window=0),
+    Rule("submodule", "python", _rx(r"(git\s+submodule|['\"]submodule['\"])"), "fetches submodules during the build",
+         unless=_MESSAGE, window=0),
     Rule("download", "cmake", _rx(r"(FetchContent_Declare|ExternalProject_Add|file\s*\(\s*DOWNLOAD)"),
          "downloads during the build ({0})"),
     Rule("pkg_resources", "python", _rx(r"^\s*(import\s+pkg_resources|from\s+pkg_resources\s+import)"),
@@ -142,6 +146,7 @@ class Hazard:
     summary: str
     fix: str
     handled: str = ""          # what in the recipe already deals with it
+    package: str = ""          # system-package: the apt package it needs
 
     @property
     def location(self) -> str:
@@ -149,7 +154,8 @@ class Hazard:
 
     def plain(self) -> dict:
         return {"kind": self.kind, "file": self.file, "line": self.line, "lines": list(self.lines),
-                "text": self.text, "summary": self.summary, "fix": self.fix, "handled": self.handled}
+                "text": self.text, "summary": self.summary, "fix": self.fix, "handled": self.handled,
+                "package": self.package}
 
 
 @dataclass
@@ -190,7 +196,8 @@ def scan_tree(root: Path, subdir: str | None = None) -> ScanReport:
     top = root / subdir if subdir else root
     skipped: list[str] = []
     files = list(_files(top, skipped))
-    present = {p.relative_to(top).as_posix() for p in files}
+    present = {Path(folder, name).relative_to(top).as_posix()          # vendored headers count as present
+               for folder, _, names in os.walk(top) for name in names}
     hazards: list[Hazard] = []
     for path in files:
         if path.stat().st_size > MAX_FILE_BYTES:
@@ -201,45 +208,48 @@ def scan_tree(root: Path, subdir: str | None = None) -> ScanReport:
         hazards += _rule_hazards(rel, text, kind)
         if kind == "source":
             hazards += _header_hazards(rel, text, present)
-    return ScanReport(sorted(hazards, key=lambda h: (h.file, h.line, h.kind)), len(files), skipped)
+    hazards.sort(key=lambda h: (h.file, h.line, h.kind))
+    first: dict[str, Hazard] = {}   # one system-package hazard per package: its first include
+    hazards = [h for h in hazards if h.kind != "system-package" or first.setdefault(h.package, h) is h]
+    return ScanReport(hazards, len(files), skipped)
 
 
 def _rule_hazards(rel: str, text: str, kind: str | None) -> list[Hazard]:
     lines = text.splitlines()
     starts = _line_starts(text)
-    out: list[Hazard] = []
+    hits: dict[str, list[tuple[int, str, Rule]]] = {}
     taken: set[int] = set()   # a line one rule named is not named again by a broader one (arch-specific, then own list)
     for rule in RULES:
         if rule.where != kind:
             continue
-        hits = [(n, v) for n, v in _hits(rule, text, lines, starts)
-                if n not in taken and not (rule.unless and rule.unless.search(lines[n - 1]))]
-        for run in _runs(hits):
-            numbers = tuple(n for n, _ in run)
-            taken.update(numbers)
-            first, value = run[0]
-            out.append(Hazard(rule.kind, rel, first, numbers, lines[first - 1].strip()[:160],
-                              rule.summary.format(value), FIX[rule.kind]))
-    return [h for h in out if not (h.kind == "own-arch-variable" and _farm_variable(h.summary))]
-
-
-def _farm_variable(summary: str) -> bool:
-    return summary.rsplit(" ", 1)[-1] in FARM_ARCH_VARIABLES
+        for number, value in _hits(rule, text, lines, starts):
+            near = "\n".join(lines[max(0, number - 1 - rule.window):number + rule.window])
+            if number in taken or (rule.unless and rule.unless.search(near)):
+                continue
+            if rule.kind == "own-arch-variable" and value in EXPORTED_ARCH_VARIABLES:
+                continue   # reading the farm's own variables is the point
+            taken.add(number)
+            hits.setdefault(rule.kind, []).append((number, value, rule))
+    out = []
+    for hazard_kind, found in hits.items():
+        found.sort(key=lambda h: h[0])
+        first, value, rule = found[0]
+        out.append(Hazard(hazard_kind, rel, first, tuple(n for n, _, _ in found), lines[first - 1].strip()[:160],
+                          rule.summary.format(value), FIX[hazard_kind]))
+    return out
 
 
 def _hits(rule: Rule, text: str, lines: list[str], starts: list[int]) -> Iterator[tuple[int, str]]:
     """(line number, the pattern's first group) of each hit: per line in build scripts (a comment line
     builds nothing), over the whole text in sources (a dispatch macro's arguments span lines)."""
     if rule.where == "source":
-        for m in rule.pattern.finditer(text):
-            yield _line_of(starts, m.start(1)), m.group(1)
+        for found in rule.pattern.finditer(text):
+            yield _line_of(starts, found.start(1)), found.group(1)
         return
     for number, line in enumerate(lines, 1):
-        if line.lstrip().startswith("#"):
-            continue
-        m = rule.pattern.search(line)
-        if m:
-            yield number, m.group(1)
+        hit = None if line.lstrip().startswith("#") else rule.pattern.search(line)
+        if hit:
+            yield number, hit.group(1)
 
 
 def _line_starts(text: str) -> list[int]:
@@ -250,17 +260,6 @@ def _line_of(starts: list[int], offset: int) -> int:
     import bisect
 
     return bisect.bisect_right(starts, offset)
-
-
-def _runs(hits: list[tuple[int, str]]) -> Iterator[list[tuple[int, str]]]:
-    run: list[tuple[int, str]] = []
-    for hit in sorted(set(hits)):
-        if run and hit[0] - run[-1][0] > RUN_GAP:
-            yield run
-            run = []
-        run.append(hit)
-    if run:
-        yield run
 
 
 def _header_hazards(rel: str, text: str, present: set[str]) -> list[Hazard]:
@@ -279,7 +278,8 @@ def _header_hazards(rel: str, text: str, present: set[str]) -> list[Hazard]:
             seen.add(apt)
             out.append(Hazard("system-package", rel, number, (number,), line.strip()[:160],
                               f"includes <{header}>, which the builder images lack (apt {apt}, dnf {dnf})",
-                              FIX["system-package"] + f": system_packages: {{apt: [{apt}], dnf: [{dnf}]}}"))
+                              FIX["system-package"] + f": system_packages: {{apt: [{apt}], dnf: [{dnf}]}}",
+                              package=apt))
     return out
 
 
@@ -296,6 +296,7 @@ class Hunk:
         return self.old_start <= line < self.old_start + max(self.old_count, 1)
 
 
+_SWITCH = re.compile(r"BUILD|DOWNLOAD|OFFLINE|SKIP|FORCE")   # env names that turn a fetch off, by their words
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 
 
@@ -331,29 +332,39 @@ def read_hunks(patch_text: str) -> list[Hunk]:
     return hunks
 
 
-def handled_by(hazards: Iterable[Hazard], patches: Mapping[str, str], env: Mapping[str, str],
-               system_packages: Mapping[str, tuple[str, ...]], texts: Mapping[str, str]) -> list[Hazard]:
-    """`hazards` with `handled` said where the recipe already deals with them: `patches` maps a patch's
-    file name to its text, `texts` a scanned file to its text (for the env variables it reads)."""
+def handled_by(hazards: Iterable[Hazard], recipe, patches: Mapping[str, str], texts: Mapping[str, str]) -> list[Hazard]:
+    """`hazards` with `handled` said where `recipe` already deals with them: `patches` maps a patch's file
+    name to its text, `texts` a scanned file to its text (for the env variables it reads)."""
     hunks = {name: read_hunks(text) for name, text in patches.items() if not name.endswith(".py")}
-    apt = set(system_packages.get("apt", ()))
+    apt = set(recipe.system_packages.get("apt", ()))
     out = []
     for h in hazards:
-        why = ""
-        for name, found in hunks.items():
-            if any(k.file == h.file and (any(k.covers(n) for n in h.lines) or h.text in k.removed) for k in found):
-                why = f"patch {name}"
-                break
-        if not why and h.kind == "system-package":
-            wanted = re.search(r"\(apt (\S+),", h.summary)
-            if wanted and wanted.group(1) in apt:
-                why = f"system_packages names {wanted.group(1)}"
-        if not why and h.kind == "own-arch-variable" and h.summary.rsplit(" ", 1)[-1] in env:
-            why = f"env sets {h.summary.rsplit(' ', 1)[-1]}"
-        if not why and h.kind == "download":   # a switch that turns the download off, read by that file
-            named = sorted(k for k in env if re.search(rf"\b{re.escape(k)}\b", texts.get(h.file, "")))
+        mine = {name: [k for k in found if k.file == h.file] for name, found in hunks.items()}
+        # A patch that removes the very line first; else one whose hunk spans it (later patches' line
+        # numbers are shifted by the earlier ones, so a span is only a hint).
+        why = next((f"patch {name}" for name, found in mine.items() if any(h.text in k.removed for k in found)), "")
+        why = why or next((f"patch {name}" for name, found in mine.items()
+                           if any(k.covers(n) for k in found for n in h.lines)), "")
+        variable = h.summary.rsplit(" ", 1)[-1]
+        if why:
+            pass
+        elif h.kind == "system-package":
+            header = re.search(r"<([^/>]+)", h.summary)
+            if h.package in apt:
+                why = f"system_packages names {h.package}"
+            elif header and any(header.group(1).lower() in e.dest.lower() for e in recipe.extra_sources):
+                why = "extra_sources place it: " + ", ".join(e.dest for e in recipe.extra_sources)
+        elif h.kind == "arch-specific" and recipe.verify.allow_missing_archs:
+            why = "verify.allow_missing_archs waives the plain archs it never builds"
+        elif h.kind == "own-arch-variable" and variable in recipe.env:
+            why = f"env sets {variable}"
+        elif h.kind == "submodule" and recipe.submodules:
+            why = "submodules: true (fetched at the pinned commit before the build)"
+        elif h.kind == "download":   # a switch that turns the download off, read by that file
+            named = sorted(k for k in recipe.env if _SWITCH.search(k)
+                           and re.search(rf"\b{re.escape(k)}\b", texts.get(h.file, "")))
             if named:
-                why = f"env sets {', '.join(named)}"
+                why = f"env sets {', '.join(named)}, which {h.file} reads"
         out.append(replace(h, handled=why))
     return out
 
@@ -379,7 +390,7 @@ def scan_recipe(recipe, source: Path | None = None) -> ScanReport:
         report = scan_tree(source, recipe.subdir)
         texts = {h.file: (source / h.file).read_text(encoding="utf-8", errors="replace") for h in report.hazards}
         patches = {p.file: p.path.read_text(encoding="utf-8", errors="replace") for p in recipe.patches}
-        report.hazards = handled_by(report.hazards, patches, recipe.env, recipe.system_packages, texts)
+        report.hazards = handled_by(report.hazards, recipe, patches, texts)
         return report
     finally:
         if scratch is not None:
