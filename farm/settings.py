@@ -59,7 +59,8 @@ def _declare(name: str, default: str | None, doc: str, shown: str = "") -> Setti
 CACHE = _declare("FARM_CACHE", None, "heavy things that survive runs: toolkits, torch environments, images",
                  "~/.cache/farm")
 DEFAULTS = _declare("FARM_DEFAULTS", None, "the folder of the farm's policy files", "defaults/ in the project")
-RECIPES = _declare("FARM_RECIPES", None, "the recipes folder", "recipes/ in the project")
+RECIPES = _declare("FARM_RECIPES", None, "the recipes folder (with patches/<name>/ and records/ in it); "
+                   "--recipes DIR sets it for one command", "recipes/ in the project")
 WHEELHOUSE = _declare("FARM_WHEELHOUSE", None, "the wheelhouse when --wheelhouse is not given",
                       "wheelhouse/ in the project (farm run, demo) or in the current folder (index commands)")
 CCACHE_DIR = _declare("FARM_CCACHE_DIR", None, "replaces FARM_CACHE/ccache as the compiler cache (both runners; CI restores it)",

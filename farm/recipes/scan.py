@@ -91,9 +91,10 @@ RULES = (
     Rule("gpu-probe", "python", _rx(r"(nvidia-smi)"), "runs {0}: a build host has no GPU"),
     Rule("arch-overwrite", "python", _rx(r"""environ\[\s*['"](TORCH_CUDA_ARCH_LIST)['"]\s*\]\s*=[^=]"""),
          "overwrites {0}: the farm's list is lost"),
-    Rule("arch-specific", "python", _rx(r"""(?:-gencode|arch=compute_|code=sm_|-arch=sm_)\S*?(\d+a)\b"""),
+    # Flags are strings in a setup.py: a quote before them tells a flag from prose (a docstring's "no -gencode").
+    Rule("arch-specific", "python", _rx(r"""['"](?:-gencode|arch=compute_|code=sm_|-arch=sm_)\S*?(\d+a)\b"""),
          "builds the arch-specific target sm_{0} itself"),
-    Rule("own-arch-list", "python", _rx(r"(-gencode|arch=compute_\d|code=sm_\d|-arch=sm_)"),
+    Rule("own-arch-list", "python", _rx(r"""['"](-gencode|arch=compute_|code=sm_|-arch=sm_)"""),
          "writes its own {0} flags instead of following TORCH_CUDA_ARCH_LIST"),
     Rule("own-arch-variable", "python", _rx(r"""(?:getenv|environ\.get|environ\[)\s*\(?\s*['"](\w*ARCH\w*)['"]"""),
          "reads its own arch variable {0}", unless=_ROCM, window=1),
