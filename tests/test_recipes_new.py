@@ -190,6 +190,36 @@ def test_new_refuses_a_bad_source_in_one_line_writing_nothing(pypi, tmp_path, ar
     assert list(folder.iterdir()) == []
 
 
+def test_new_removes_a_recipe_the_check_refuses_and_says_why(pypi, tmp_path):
+    url, _ = pypi
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "farm__demo.yml").write_text("name: farm__demo\nsource: {path: .}\nlinks_torch: true\n")
+    done = run_farm("recipes", "new", "farm_demo", "--sdist", "farm-demo==0.1.0", "--recipes", str(folder),
+                    env={"FARM_PYPI_URL": url})
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "the same project as" in done.stderr and "wheels would collide" in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["farm__demo.yml"]
+
+
+def test_scan_fetches_a_recipes_source_and_names_the_patch_that_handles_a_hazard(tmp_path):
+    folder = tmp_path / "mine"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "setup.py").write_text("import os\nfrom pkg_resources import get_distribution\n")
+    (folder / "patches" / "my_ext").mkdir(parents=True)
+    (folder / "patches" / "my_ext" / "0001-no-pkg-resources.patch").write_text(
+        "diff --git a/setup.py b/setup.py\n--- a/setup.py\n+++ b/setup.py\n@@ -1,2 +1,2 @@\n import os\n"
+        "-from pkg_resources import get_distribution\n+from importlib.metadata import version\n")
+    (folder / "my_ext.yml").write_text("name: my_ext\nsource: {path: src}\nlinks_torch: true\n"
+                                       "patches: [{file: 0001-no-pkg-resources.patch}]\n")
+    done = run_farm("recipes", "scan", "my_ext", "--format", "json", "--recipes", str(folder))
+    assert done.returncode == 0, done.stderr
+    [hazard] = yaml.safe_load(done.stdout)["hazards"]
+    assert (hazard["file"], hazard["line"], hazard["kind"]) == ("setup.py", 2, "pkg_resources")
+    assert hazard["handled"] == "patch 0001-no-pkg-resources.patch"
+    assert "importlib" in hazard["fix"]
+
+
 def test_new_refuses_a_bad_name_and_a_missing_folder(tmp_path):
     bad = run_farm("recipes", "new", "My-Ext", "--sdist", "x==1", "--recipes", str(tmp_path))
     assert bad.returncode == 2 and "NAME: 'My-Ext'" in bad.stderr
@@ -244,6 +274,8 @@ def test_recipes_option_reads_that_folder_and_its_patches_and_refuses_a_missing_
     explain = run_farm("arch", "explain", "--package", "my_ext", "--cuda", "13.0", "--torch", "2.13",
                        "--recipes", str(folder))
     assert explain.returncode == 0, explain.stderr
+    typo = run_farm("plan", "--package", "my_exy", "--recipes", str(folder))
+    assert typo.returncode == 2 and f"no recipe {folder}/my_exy.yml (did you mean 'my_ext'?)" in typo.stderr
     for verb in (["plan"], ["recipes", "scan", "my_ext"], ["build", "my_ext-cu130-torch2.13-py312"],
                  ["run", "--dry-run"], ["recipes", "status"]):
         missing = run_farm(*verb, "--recipes", str(tmp_path / "nope"))

@@ -96,13 +96,20 @@ class Known:
         for value in package:
             if value not in self.packages:
                 raise BadInput("command line", "--package", value,
-                               f"no recipe recipes/{shorten(value, 40)}.yml{did_you_mean(value, self.packages)}")
+                               f"no recipe {_recipe_file(value)}{did_you_mean(value, self.packages)}")
         for option, values, what, known in (("--cuda", cuda, "CUDA line", self.cudas),
                                             ("--torch", torch, "torch minor", self.torches),
                                             ("--python", python, "Python", self.pythons)):
             for value in values:
                 if value not in known:
                     raise unknown(option, value, what, known)
+
+
+def _recipe_file(name: str) -> str:
+    """Where recipe `name` would be: in the recipes folder this command reads (--recipes, FARM_RECIPES)."""
+    from farm import settings
+
+    return f"{settings.display(settings.recipes_dir())}/{shorten(name, 40)}.yml"
 
 
 def _ordered(values) -> tuple[str, ...]:
@@ -272,5 +279,5 @@ def load_recipe_arch(name: str):
     recipes = load_recipes()
     if name not in recipes:
         raise BadInput("command line", "--package", name,
-                       f"no recipe recipes/{shorten(name, 40)}.yml{did_you_mean(name, recipes)}")
+                       f"no recipe {_recipe_file(name)}{did_you_mean(name, recipes)}")
     return recipes[name]

@@ -8,7 +8,6 @@ from typing import TypedDict
 
 from farm import settings
 from farm.commands.common import add_path, add_recipes, print_json
-from farm.errors import BadInput
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes
 from farm.recipes.reader import load_recipes
@@ -133,16 +132,17 @@ def new_command(args) -> int:
     folder = settings.recipes_dir()
     target = check_name(args.name, folder)          # refused before anything is fetched
     defaults = load_defaults()
+    before = {str(e) for e in check_recipes(folder, defaults=defaults).errors}
     with fetched(args.sdist, args.git, args.ref) as pinned:
         print(f"pinned: {pinned.shown}" + (f", version {pinned.version}" if pinned.version else ""))
         report = scan_tree(pinned.tree)
         text = render(args.name, pinned, defaults, report.hazards)
     write_atomic(target, text)
     checked = check_recipes(folder, defaults=defaults)
-    mine = [e for e in checked.errors if isinstance(e, BadInput) and e.where == settings.display(target)]
-    if mine:   # never leave a recipe the farm refuses: the first line says why
+    made = [e for e in checked.errors if str(e) not in before]
+    if made:   # never leave a recipe the farm refuses (or one that breaks the folder): the first line says why
         target.unlink()
-        raise mine[0]
+        raise made[0]
     print(f"wrote {settings.display(target)}; farm recipes check: {len(checked.recipes)} valid in "
           f"{settings.display(checked.folder)}/")
     _print_hazards(report.hazards, report.files_read)
