@@ -114,7 +114,9 @@ def test_comments_messages_and_rocm_branches_are_not_hazards(tmp_path):
         'print("run git submodule update --init first")\n'
         "if IS_HIP:\n    archs = os.getenv('GPU_ARCHS', 'native')  # --offload-arch\n"
         "x = os.environ.get('TORCH_CUDA_ARCH_LIST')\n"
-        "cuda = torch.cuda.is_available() or os.getenv('FORCE_CUDA') == '1'\n")
+        "cuda = torch.cuda.is_available() or os.getenv('FORCE_CUDA') == '1'\n"
+        "if torch.cuda.is_available():\n    WITH_CUDA = True\n\nx = 1\nif os.getenv('FORCE_CUDA', '0') == '1':\n    pass\n"
+        "if torch.cuda.is_available() and torch.version.hip:\n    pass\n")
     (tmp_path / "third_party" / "lib").mkdir(parents=True)
     (tmp_path / "third_party" / "lib" / "CMakeLists.txt").write_text("FetchContent_Declare(x URL https://x)\n")
     report = scan_tree(tmp_path)

@@ -87,7 +87,9 @@ RULES = (
                                     r"current_device)\s*\("),
          "asks the build machine's GPU (torch.cuda.{0}): a build host has none", unless=_ROCM, window=0),
     Rule("gpu-probe", "python", _rx(r"torch\.cuda\.(is_available)\s*\("),
-         "decides on torch.cuda.{0}(), false on a GPU-less build host", unless=_rx(r"FORCE_CUDA")),
+         "decides on torch.cuda.{0}(), false on a GPU-less build host",
+         # FORCE_CUDA=1, which the farm sets, wins over it nearby; a ROCm-only test is not the CUDA build's
+         unless=re.compile(r"FORCE_CUDA|version\.hip", re.IGNORECASE), window=5),
     Rule("gpu-probe", "python", _rx(r"(nvidia-smi)"), "runs {0}: a build host has no GPU"),
     Rule("arch-overwrite", "python", _rx(r"""environ\[\s*['"](TORCH_CUDA_ARCH_LIST)['"]\s*\]\s*=[^=]"""),
          "overwrites {0}: the farm's list is lost"),
@@ -355,6 +357,8 @@ def handled_by(hazards: Iterable[Hazard], recipe, patches: Mapping[str, str], te
                 why = f"system_packages names {h.package}"
             elif header and any(header.group(1).lower() in e.dest.lower() for e in recipe.extra_sources):
                 why = "extra_sources place it: " + ", ".join(e.dest for e in recipe.extra_sources)
+            elif recipe.submodules:   # a tree given without its submodules; the fetched source has them
+                why = "submodules: true: a submodule may carry it"
         elif h.kind == "arch-specific" and recipe.verify.allow_missing_archs:
             why = "verify.allow_missing_archs waives the plain archs it never builds"
         elif h.kind == "own-arch-variable" and variable in recipe.env:
