@@ -124,31 +124,15 @@ def list_command(args) -> int:
 
 
 def new_command(args) -> int:
-    from farm.recipes.new import check_name, fetched, render
-    from farm.recipes.scan import scan_tree
-    from farm.recipes.status import status_cell_id
-    from farm.yamlio import write_atomic
+    from farm.recipes.new import new_recipe
 
     folder = settings.recipes_dir()
-    target = check_name(args.name, folder)          # refused before anything is fetched
-    defaults = load_defaults()
-    before = {str(e) for e in check_recipes(folder, defaults=defaults).errors}
-    with fetched(args.sdist, args.git, args.ref) as pinned:
-        print(f"pinned: {pinned.shown}" + (f", version {pinned.version}" if pinned.version else ""))
-        report = scan_tree(pinned.tree)
-        text = render(args.name, pinned, defaults, report.hazards)
-    write_atomic(target, text)
-    checked = check_recipes(folder, defaults=defaults)
-    made = [e for e in checked.errors if str(e) not in before]
-    if made:   # never leave a recipe the farm refuses (or one that breaks the folder): the first line says why
-        target.unlink()
-        raise made[0]
-    print(f"wrote {settings.display(target)}; farm recipes check: {len(checked.recipes)} valid in "
-          f"{settings.display(checked.folder)}/")
-    _print_hazards(report.hazards, report.files_read)
-    recipe = checked.recipes[args.name]
+    made = new_recipe(args.name, folder, sdist=args.sdist, git=args.git, ref=args.ref, defaults=load_defaults())
+    print(f"pinned: {made.shown}" + (f", version {made.version}" if made.version else ""))
+    print(f"wrote {settings.display(made.path)}; farm recipes check: {made.valid} valid in {settings.display(folder)}/")
+    _print_hazards(made.hazards, made.files_read)
     given = "" if folder.resolve() == (settings.PROJECT_ROOT / "recipes").resolve() else f" --recipes {folder}"
-    print(f"build first: farm build {status_cell_id(recipe)}{given}")
+    print(f"build first: farm build {made.first_cell}{given}")
     return 0
 
 

@@ -22,7 +22,7 @@ from farm import settings
 from farm.errors import BadInput
 from farm.policy import Defaults
 from farm.recipes.model import FULL_SHA
-from farm.recipes.scan import Hazard
+from farm.recipes.scan import Hazard, scan_tree
 from farm.recipes.values import RECIPE_NAME, Reader, read_source
 
 _PLACEHOLDER_SHA = "0" * 64   # lets the loader's own rules check a pin before its sha256 is known
@@ -49,6 +49,41 @@ class Pinned:
     version: str | None
     tree: Path
     shown: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `farm recipes new` did: the file, the pin, the scan's findings, the cell to build first."""
+
+    path: Path
+    shown: str
+    version: str | None
+    hazards: list[Hazard]
+    files_read: int
+    valid: int            # valid recipes in the folder, the new one included
+    first_cell: str
+
+
+def new_recipe(name: str, folder: Path, *, sdist: str | None, git: str | None, ref: str | None,
+               defaults: Defaults) -> Written:
+    """Pin, fetch, scan, write `folder/<name>.yml` atomically and check the folder; a recipe the check
+    refuses, or one that breaks the folder (a colliding name), is removed and its first problem raised."""
+    from farm.recipes.checks import check_recipes
+    from farm.recipes.status import status_cell_id
+    from farm.yamlio import write_atomic
+
+    target = check_name(name, folder)   # refused before anything is fetched
+    before = {str(e) for e in check_recipes(folder, defaults=defaults).errors}
+    with fetched(sdist, git, ref) as pinned:
+        report = scan_tree(pinned.tree)
+        write_atomic(target, render(name, pinned, defaults, report.hazards))
+    checked = check_recipes(folder, defaults=defaults)
+    made = [e for e in checked.errors if str(e) not in before]
+    if made:
+        target.unlink()
+        raise made[0]
+    return Written(target, pinned.shown, pinned.version, report.hazards, report.files_read, len(checked.recipes),
+                   status_cell_id(checked.recipes[name]))
 
 
 def check_name(name: str, folder: Path) -> Path:
