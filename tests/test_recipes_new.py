@@ -276,6 +276,11 @@ def test_recipes_option_reads_that_folder_and_its_patches_and_refuses_a_missing_
     explain = run_farm("arch", "explain", "--package", "my_ext", "--cuda", "13.0", "--torch", "2.13",
                        "--recipes", str(folder))
     assert explain.returncode == 0, explain.stderr
+    doc = (PROJECT / "docs" / "recipe-status.md").read_bytes()
+    status = run_farm("recipes", "status", "--recipes", str(folder))
+    assert status.returncode == 0 and f"wrote {folder}/recipe-status.md" in status.stdout, status.stderr
+    assert "my_ext" in (folder / "recipe-status.md").read_text()
+    assert (PROJECT / "docs" / "recipe-status.md").read_bytes() == doc   # the project's table is not theirs
     typo = run_farm("plan", "--package", "my_exy", "--recipes", str(folder))
     assert typo.returncode == 2 and f"no recipe {folder}/my_exy.yml (did you mean 'my_ext'?)" in typo.stderr
     for verb in (["plan"], ["recipes", "scan", "my_ext"], ["build", "my_ext-cu130-torch2.13-py312"],

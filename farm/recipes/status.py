@@ -344,6 +344,14 @@ def render_markdown(rows: list[dict[str, str]], records_folder: str) -> str:
     return "\n".join(head + body) + "\n"
 
 
+def status_doc() -> Path:
+    """The table's default file: the project's docs/recipe-status.md for the project's recipes; beside the
+    recipes (DIR/recipe-status.md) for a folder of one's own, whose table must not overwrite the project's."""
+    own = settings.PROJECT_ROOT / "recipes"
+    folder = settings.recipes_dir()
+    return settings.PROJECT_ROOT / STATUS_DOC if folder.resolve() == own.resolve() else folder / "recipe-status.md"
+
+
 def generate(records_folder: Path | None = None, out: Path | None = None) -> tuple[str, Path]:
     """Read every record (refusing a bad one before writing anything), write the markdown table;
     the text table and the file written."""
@@ -353,7 +361,7 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
     records = read_records(folder)
     recipes = load_recipes()
     rows = status_rows(recipes, records)
-    target = Path(out or settings.PROJECT_ROOT / STATUS_DOC)
+    target = Path(out or status_doc())
     write_atomic(target, render_markdown(rows, settings.display(folder)))
     stale = sorted(set(records) - set(recipes))
     text = render_text(rows) + (f"records without a recipe (ignored): {', '.join(stale)}\n" if stale else "")
@@ -373,7 +381,8 @@ def register_verbs(verbs) -> None:
     status = verbs.add_parser("status", help="print the status table and write docs/recipe-status.md from the "
                                              "build records")
     add_path(status, "--records", kind="input_dir", help="records folder (default recipes/records)")
-    add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC})")
+    add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC}; "
+                                                          "with a recipes folder of one's own, recipe-status.md in it)")
     add_recipes(status)
     status.set_defaults(func=status_command)
     block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
