@@ -90,5 +90,5 @@ def test_the_page_commands_give_a_verified_wheel(tmp_path, local_pypi):
     record = json.loads((tmp_path / "out" / "build.json").read_text())
     assert record["cell"] == CELL and record["arch_list"] == "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"
     assert json.loads((tmp_path / "out" / "verify.json").read_text())["passed"] is True
-    published = [json.loads(line)["filename"] for line in (tmp_path / "wheelhouse" / "manifest.jsonl").open()]
+    published = [json.loads(line)["file"] for line in (tmp_path / "wheelhouse" / "manifest.jsonl").open()]
     assert published == [wheels[0].name]
