@@ -267,3 +267,17 @@ def test_a_failed_install_names_pips_error_not_its_resolver_chatter():
         E._run([sys.executable, "-c", script], None, "installing build_deps")
     message = str(err.value)
     assert "ERROR: Cannot install numpy==2.2.6" in message and "INFO:" not in message and "Processing" not in message
+
+
+def test_a_download_never_evicts_the_files_it_returns_however_tight_the_budget(tmp_path, monkeypatch):
+    # CI flake: with the disk below FARM_CACHE_RESERVE_GB the budget shrank under the cache's own
+    # size and the budget pass after a download removed the wheels that download was returning.
+    older = tmp_path / "downloads" / "older-1.0-py3-none-any.whl"
+    older.parent.mkdir(parents=True)
+    older.write_bytes(b"x" * 4096)
+    os.utime(older, (1, 1))
+    monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "0.000001")   # about a kilobyte: everything is over it
+    got = D.download(["six==1.16.0"], python="3.12", platform="linux", no_deps=True, root=tmp_path)
+    assert [f.name for f in got.files] == ["six-1.16.0-py2.py3-none-any.whl"]
+    assert all(f.is_file() for f in got.files)
+    assert not older.exists()        # what no caller holds still goes, oldest first

@@ -219,7 +219,7 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
                                            "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
         touch(result.files)
-    enforce_budget(root, log=log)
+    enforce_budget(root, log=log, keep=result.files)
     log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
     return result
 

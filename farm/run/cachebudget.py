@@ -233,15 +233,22 @@ def usage(root: Path | None = None) -> list[Usage]:
     return out
 
 
-def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None) -> list[Path]:
-    """Evict least recently used entries until the caches fit the budget; return what went."""
+def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None,
+                   keep: Iterable[Path] = ()) -> list[Path]:
+    """Evict least recently used entries until the caches fit the budget; return what went.
+
+    `keep` names what the caller is about to hand back (a download's files): never evicted here,
+    however tight the disk, or a caller would return paths that are already gone.
+    """
     root = root or cache_dir()
     configured = budget == -1
     budget = budget_bytes() if configured else budget
     if budget is None:
         return []
-    entries = usage(root)
-    total = sum(u.size for u in entries)
+    kept = {Path(p) for p in keep}
+    every = usage(root)
+    total = sum(u.size for u in every)          # what is kept still counts against the budget
+    entries = [u for u in every if u.path not in kept]
     if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
         reserve = int(float(settings.CACHE_RESERVE_GB.value()) * 1024**3)
         budget = min(budget, total + shutil.disk_usage(root).free - reserve)
