@@ -215,3 +215,32 @@ def test_a_policy_floor_that_is_no_floor_is_refused(tmp_path):
     res = run_farm("plan", "--package", "farm_demo", env={"FARM_DEFAULTS": str(defaults)})
     assert_one_line_refusal(res, needle="manylinux_floor[windows]: 'windows': a manylinux floor is for linux or "
                                         "linux_aarch64")
+
+
+# ---------------------------------------------------------------- a real build on this machine's builder
+
+@pytest.mark.slow
+def test_the_demo_built_here_fails_a_cell_whose_floor_is_manylinux_2_31_and_its_record_says_so(tmp_path):
+    """The issue's case: torch's floor manylinux_2_28, raised to 2_31 for a builder that reaches it; this
+    machine's Debian 12 does not, so the gate fails the wheel, and the failed record keeps the floor."""
+    from farmcli import PROJECT
+
+    recipes = tmp_path / "recipes"   # farm_demo alone, so that --record writes here, not into the checkout
+    (recipes / "records").mkdir(parents=True)
+    demo = (PROJECT / "recipes" / "farm_demo.yml").read_text()
+    (recipes / "farm_demo.yml").write_text(demo.replace("path: ../examples/farm-demo",
+                                                        f"path: {PROJECT / 'examples' / 'farm-demo'}"))
+    out = tmp_path / "out"
+    res = run_farm("build", CELL, "--runner", "host", "--force", "--no-publish", "--record", "--out", str(out),
+                   env={"FARM_MANYLINUX_FLOOR": "manylinux_2_31", "FARM_RECIPES": str(recipes),
+                        "FARM_WHEELHOUSE": str(tmp_path / "house")}, timeout=3600)
+    line = assert_one_line_refusal(res, code=1)
+    assert "verify failed: floor: farm_demo/_C.cpython-311-x86_64-linux-gnu.so needs GLIBC_2.34, above " \
+           "manylinux_2_31 (allows GLIBC <= 2.31)" in line
+    assert not list(out.glob("wheel/*.whl"))   # the gate's verdict: no wheel to publish
+    record = json.loads((recipes / "records" / "farm_demo.json").read_text())
+    assert record["tier"] == "failed" and record["gate"].startswith("fail: floor")
+    assert record["floor"] == {"tag": "manylinux_2_31", "torch": "manylinux_2_28", "source": "FARM_MANYLINUX_FLOOR",
+                               "text": "manylinux_2_31 (torch's manylinux_2_28 not reached: +3 minor, "
+                                       "FARM_MANYLINUX_FLOOR)"}
+    assert record["tag"] == "manylinux_2_34_x86_64"   # what the wheel reached, above the floor

@@ -467,7 +467,8 @@ def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
         **setup.record_base, "wheel": wheel.name, "build_number": job.build_number,
         "torch_measured_arch_list": state["env"].get("torch_arch_list"),
         "toolkit": {k: state["toolkit"].get(k) for k in ("version", "source", "home", "arch")},
-        "image_tag": state["repair"].get("plat_tag"), "tag": state["repair"].get("plat_tag"),
+        # `tag`: the platform tag reached, as every record names it (§7.8); `image_tag`, its older name, stays
+        "tag": state["repair"].get("plat_tag"), "image_tag": state["repair"].get("plat_tag"),
         "runner_info": job.described,
         "network": runner.network_isolation_when_off(), "steps": state.get("timings", {}),
         "source": state.get("source"), "grafted": state["repair"].get("grafted"),
