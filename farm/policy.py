@@ -218,6 +218,7 @@ class GridPolicy:
     fallback: Mapping[str, tuple[str, str]]   # platform -> (cuda, torch minor)
     defaults: Mapping[str, object]            # package build defaults (max_jobs, nvcc_threads, ...)
     where: str
+    manylinux_floor: Mapping[str, str]        # Linux platform -> a floor other than its torch wheel's tag (§7.8)
 
     def whole_default(self, key: str, fallback: int) -> int:
         """max_jobs, nvcc_threads or build_epoch of `defaults`: load_grid_policy refused any but whole numbers."""
@@ -250,6 +251,16 @@ def load_grid_policy(path: Path) -> GridPolicy:
             raise BadInput(r.where, key, platform, "unknown platform")
         combo = r.mapping(combo, key)
         fallback[platform] = (r.version(combo.get("cuda"), f"{key}.cuda"), r.version(combo.get("torch"), f"{key}.torch"))
+    floors = {}
+    for platform, tag in r.mapping(data.get("manylinux_floor", {}), "manylinux_floor").items():
+        from farm.build.floor import floor_problem
+
+        key = f"manylinux_floor[{platform}]"
+        if platform not in ("linux", "linux_aarch64"):
+            raise BadInput(r.where, key, platform, "a manylinux floor is for linux or linux_aarch64")
+        if floor_problem(tag):
+            raise BadInput(r.where, key, tag, floor_problem(tag) or "")
+        floors[platform] = tag
     prerelease = r.strings(data.get("prerelease_pythons", []), "prerelease_pythons")
     for p in prerelease:
         r.version(p, "prerelease_pythons")
@@ -272,6 +283,7 @@ def load_grid_policy(path: Path) -> GridPolicy:
         fallback=frozen(fallback),
         defaults=frozen(defaults),
         where=r.where,
+        manylinux_floor=frozen(floors),
     )
 
 

@@ -83,6 +83,9 @@ ENGINE = _declare("FARM_ENGINE", None, "the container engine: docker, podman or 
 CONTAINER_MEMORY = _declare("FARM_CONTAINER_MEMORY", None,
                             "memory limit of a build container, e.g. 16g (0: none)", "the host's memory less 2 GB")
 EMULATED_JOBS = _declare("FARM_EMULATED_JOBS", None, "emulated aarch64 cells built at once", "1")
+MANYLINUX_FLOOR = _declare("FARM_MANYLINUX_FLOOR", None,
+                           "raises every Linux cell's manylinux floor to this tag (e.g. manylinux_2_34) for a builder "
+                           "that cannot reach torch's; never lowers it (design.md §7.8)", "torch's wheel's tag")
 STALL_MINUTES = _declare("FARM_STALL_MINUTES", None,
                          "minutes a compile or pre_build may go without progress before it is killed, for every recipe "
                          "(x9 emulated)", "the recipe's timeout")

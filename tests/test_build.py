@@ -49,6 +49,18 @@ def check_demo_wheel(wheel: Path, plat_tag: str) -> None:
     assert bundled == []
 
 
+def check_floor_recorded(record: dict, wheel: Path) -> None:
+    """The floor the gate held the wheel to, in its build record and in the wheel's own farm_build.json: this
+    machine's Debian 12 builder cannot reach torch's manylinux_2_28, and tests/conftest.py raises the floor
+    to manylinux_2_34 as the Makefile does (design.md §7.8)."""
+    raised = {"tag": "manylinux_2_34", "torch": "manylinux_2_28", "source": "FARM_MANYLINUX_FLOOR",
+              "text": "manylinux_2_34 (torch's manylinux_2_28 not reached: +6 minor, FARM_MANYLINUX_FLOOR)"}
+    assert record["floor"] == raised and record["tag"] == wheel.name[: -len(".whl")].split("-")[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        carried = json.loads(zf.read("farm_demo-0.1.0+cu130torch2.13.dist-info/farm_build.json"))
+    assert carried["floor"] == raised
+
+
 def farm_build(*args, env=None, timeout=3600):
     return run_farm("build", *args, env=env, timeout=timeout)
 
@@ -74,6 +86,7 @@ def test_container_build_of_the_demo_cell(tmp_path):
     assert record["runner"] == "container" and record["image"] == image.id
     assert record["image_tag"] == image.plat
     check_demo_wheel(wheel, image.plat)
+    check_floor_recorded(record, wheel)
     assert record["arch_list"] == "7.5 8.0 8.6 9.0+PTX 10.0 12.0+PTX"
     assert record["network"] == "none"
     assert set(record["steps"]) >= {"source", "env", "toolkit", "compile", "label", "repair", "verify"}
@@ -84,6 +97,7 @@ def test_host_build_of_the_demo_cell(tmp_path):
     record, wheel = build_demo_cell("host", tmp_path / "out")
     assert record["runner"] == "host"
     check_demo_wheel(wheel, record["image_tag"])
+    check_floor_recorded(record, wheel)
     assert record["network"] == ("namespace" if os.geteuid() == 0 else "open")
 
 

@@ -199,6 +199,9 @@ def _record(folder: Path, name: str, **fields) -> None:
     (folder / f"{name}.json").write_text(json.dumps({"recipe": name, **fields}))
 
 
+RAISED = "manylinux_2_34 (torch's manylinux_2_28 not reached: +6 minor, FARM_MANYLINUX_FLOOR)"
+
+
 def test_status_table_from_records_every_recipe_and_column(tmp_path):
     from farm.recipes.reader import load_recipes
     from farm.recipes.status import COLUMNS
@@ -207,7 +210,12 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     records = tmp_path / "records"
     _record(records, "farm_demo", tier="full", cell=CELL, date="2026-12-01T10:00:00Z", wall_s=153.2,
             peak_mb=2150, wheel_bytes=2_345_678, sass=ALL_SASS, ptx=["compute_90", "compute_120"], gate="pass",
-            source={"kind": "path"}, patches=[], compiler_cache={"active": True, "hits": 1, "misses": 3})
+            source={"kind": "path"}, patches=[], compiler_cache={"active": True, "hits": 1, "misses": 3},
+            tag="manylinux_2_34_x86_64", floor={"tag": "manylinux_2_34", "torch": "manylinux_2_28",
+                                                "source": "FARM_MANYLINUX_FLOOR", "text": RAISED})
+    # recorded before tags and floors were: the tag from its wheel's file name, the floor unknown
+    _record(records, "cubvh", tier="full", cell="cubvh-cu130-torch2.13-py312", date="2026-12-01T11:00:00Z",
+            wheel="cubvh-0.1.0+cu130torch2.13-cp312-cp312-manylinux_2_35_x86_64.whl", source={"kind": "path"})
     _record(records, "diso", tier="failed", tier_asked="smoke", cell="diso-cu130-torch2.13-py312",
             date="2026-12-02T09:00:00Z", reason="csrc/x.cu(3): error: identifier \"foo\" is undefined",
             source={"kind": "sdist", "sha256": "ab" * 32}, patches=[{"file": "0001-fix.patch", "sha256": "cd" * 32}])
@@ -234,6 +242,9 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
         ("full", CELL, "2.6 min (1 ccache hit)", "2.1 GB", "2.3 MB")   # a warm build says so
     assert demo["SASS"] == " ".join(ALL_SASS) and demo["PTX"] == "compute_90 compute_120"
     assert (demo["gate"], demo["date"]) == ("pass", "2026-12-01")
+    assert (demo["tag"], demo["floor"]) == ("manylinux_2_34", RAISED)   # design.md §7.8
+    cubvh = dict(zip(COLUMNS, rows["cubvh"], strict=True))
+    assert (cubvh["tag"], cubvh["floor"]) == ("manylinux_2_35", "-")
     diso = dict(zip(COLUMNS, rows["diso"], strict=True))
     assert diso["tier"] == "failed (asked smoke)" and diso["reason"].startswith("csrc/x.cu(3): error")
     assert diso["source pin"] == "sha256 " + "ab" * 6 and diso["patches"] == "0001-fix.patch"
@@ -245,8 +256,8 @@ def test_status_table_from_records_every_recipe_and_column(tmp_path):
     assert natten["tier"] == "blocked" and natten["reason"] == "needs 40 GB per job and 6 h"
     assert natten["cell"] == "natten-cu130-torch2.13-py312"
     not_built = [n for n, r in rows.items() if r[3] == "not built yet"]
-    assert len(not_built) == len(names) - 4
-    assert f"{len(names)} recipes: 1 blocked, 1 failed, 1 flags, 1 full, {len(names) - 4} not built yet." in text
+    assert len(not_built) == len(names) - 5
+    assert f"{len(names)} recipes: 1 blocked, 1 failed, 1 flags, 2 full, {len(names) - 5} not built yet." in text
     # the printed table carries the same rows, the reason at the end of its line
     assert any(ln.startswith("natten ") and ln.endswith("-- needs 40 GB per job and 6 h")
                for ln in res.stdout.splitlines())
@@ -288,6 +299,8 @@ BAD_RECORDS = {
                                             "cores": 0}), "cores: 0"),
     "threads-a-word": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "smoke", "cell": CELL, "date": "d",
                                                 "nvcc_threads": "4"}), "nvcc_threads: '4'"),
+    "floor-a-word": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
+                                              "floor": "manylinux_2_28"}), "floor: 'manylinux_2_28'"),
     "sass-not-a-list": ("farm_demo", json.dumps({"recipe": "farm_demo", "tier": "full", "cell": CELL, "date": "d",
                                                  "sass": "sm_80"}), "sass: 'sm_80'"),
 }

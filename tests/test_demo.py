@@ -17,6 +17,11 @@ def test_farm_demo_builds_publishes_and_installs_from_the_channel(tmp_path):
     assert "installed farm_demo-0.1.0+cu130torch2.13.dist-info from http://127.0.0.1:" in res.stdout
     assert "SASS: sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" in res.stdout
     assert "PTX:  compute_90 compute_120" in res.stdout
+    # the tag it reached and the floor the gate held it to: this machine's builder cannot reach torch's
+    # manylinux_2_28, so the Makefile's FARM_MANYLINUX_FLOOR raises it (design.md §7.8)
+    assert "  tag:  manylinux_2_34_x86_64\n" in res.stdout, res.stdout
+    assert "  floor: manylinux_2_34 (torch's manylinux_2_28 not reached: +6 minor, FARM_MANYLINUX_FLOOR)\n" \
+        in res.stdout
     assert (build / "farm_demo-cu130-torch2.13-py311" / "build.json").is_file() and (build / "demo-access.log").is_file()
     manifest = [json.loads(line) for line in (house / "manifest.jsonl").read_text().splitlines()]
     assert [m["cell"] for m in manifest] == ["farm_demo-cu130-torch2.13-py311"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.build.floor import Floor
 from farm.build.spec import (
     SCHEMA,
     FarmWheel,
@@ -38,7 +39,8 @@ def spec_for(recipe, cell, **changes) -> StepSpec:
         python="/usr/bin/python3.11", target=Target("img123", "x86_64", "2.28", "manylinux_2_28_x86_64"),
         toolkit_source="pypi", plat=None, build_number=3, record={"cell": cell.id, "tier": "full"},
         farm_wheels=(FarmWheel("dep", Path("/farm/work/farm-wheels/dep.whl"), "a" * 64),),
-        flags_stop_after_s=None, stall=None, compiler_cache_env={"CCACHE_DISABLE": "1"})
+        flags_stop_after_s=None, stall=None, compiler_cache_env={"CCACHE_DISABLE": "1"},
+        floor=Floor("manylinux_2_34", "manylinux_2_28", "FARM_MANYLINUX_FLOOR"))
     fields.update(changes)
     return StepSpec(**fields)
 
@@ -56,6 +58,7 @@ def test_every_recipe_goes_through_the_json_form_unchanged():
     assert back.paths.out == Path("/farm/out") and back.flags_stop_after_s == 600.0
     assert back.stall == StallLimit(180.0, "recipes/farm_demo.yml timeout: 3")
     assert back.farm_wheels[0].file == Path("/farm/work/farm-wheels/dep.whl")
+    assert back.floor == Floor("manylinux_2_34", "manylinux_2_28", "FARM_MANYLINUX_FLOOR")   # the gate's floor
 
 
 def test_the_json_form_is_plain():

@@ -81,7 +81,7 @@ def win_spec(tmp_path: Path, **changes) -> Path:
         source=source_part(recipe), verify=recipe.verify, paths=StepPaths(tmp_path / "out", tmp_path / "work"),
         python=r"C:\hostedtoolcache\windows\Python\3.11.9\x64\python.exe", target=Target("host", "x86_64", "", None),
         toolkit_source="auto", plat=None, build_number=None, record={"cell": cell.id, "tier": "full"},
-        farm_wheels=(), flags_stop_after_s=None, stall=None, compiler_cache_env=cache_env(enabled=False))
+        farm_wheels=(), flags_stop_after_s=None, stall=None, compiler_cache_env=cache_env(enabled=False), floor=None)
     fields.update(changes)
     return StepSpec(**fields).write(tmp_path / "spec-host.json")
 

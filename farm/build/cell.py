@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from farm import __version__, settings
 from farm.build import progress
+from farm.build.floor import Floor, cell_floor, setting_floor
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
 from farm.platforms import host_arch
@@ -91,6 +92,7 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
         raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
     if record is None:
         record = settings.RECORD.get() == "1"
+    setting_floor()   # a FARM_MANYLINUX_FLOOR that is no floor: refused before any work (design.md §7.8)
     started = time.time()
     cell, plan = cell_plan(cell_id)
     recipe = plan.recipes[cell.recipe_name]
@@ -326,6 +328,7 @@ class _Setup:
     mounts: list
     host_spec: Path               # for the source phase, which always runs on the host
     inside_spec: str              # the runner's spec, as the step sees it
+    write_specs: Callable[[Floor | None], Path]   # both again once the floor is known (the step's)
     toolkit_source: str
     record_base: dict
     jobs: int
@@ -342,8 +345,15 @@ def _build_locked(job: BuildJob) -> BuildResult:
 def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
     _run_phase(job, setup, "source", HostRunner(arch=host_arch()), str(setup.host_spec), network=True)
     with progress.step("downloads"):
-        _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
+        torch_wheel = _download_inputs(job.cell, job.recipe, job.target, setup.toolkit_source, job.log_path)
         _stage_farm_wheels(job.cell, job.farm_wheels, job.house, job.staged, job.log_path)
+    # The floor is the torch wheel's tag, known now that it is downloaded (design.md §7.8).
+    floor = None if job.cell.platform == "windows" or torch_wheel is None else \
+        cell_floor(torch_wheel, job.cell.platform, job.plan.defaults.grid_policy.manylinux_floor)
+    if floor is not None:
+        setup.record_base["floor"] = floor.record()
+        _append(job.log_path, f"[host] manylinux floor {floor.text()}")
+    setup.write_specs(floor)
     if job.recipe.pre_build:
         _run_phase(job, setup, "env,toolkit,prebuild", job.runner, setup.inside_spec, network=True)
     if job.tier == "flags":
@@ -393,21 +403,25 @@ def _set_up(job: BuildJob) -> _Setup:
     if job.farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
         record_base["build_requires_farm"] = [w.record() for w in job.farm_wheels]
 
-    def spec_for(where_runner: str, seen) -> Path:
+    def spec_for(where_runner: str, seen, floor: Floor | None) -> Path:
         spec = _step_spec(job, seen, python=python, toolkit_source=toolkit_source, jobs=jobs,
-                          nvcc_threads=nvcc_threads, record_base=record_base)
+                          nvcc_threads=nvcc_threads, record_base=record_base, floor=floor)
         return spec.write(job.out / f"spec-{where_runner}.json")
 
-    host_spec = spec_for("host", Path)
-    step_spec = host_spec if runner.kind == "host" else \
-        spec_for(runner.kind, lambda p: Path(runner.inside(p, mounts)))
+    def write_specs(floor: Floor | None) -> Path:
+        host_spec = spec_for("host", Path, floor)
+        return host_spec if runner.kind == "host" else \
+            spec_for(runner.kind, lambda p: Path(runner.inside(p, mounts)), floor)
+
+    host_spec = job.out / "spec-host.json"
+    step_spec = write_specs(None)
     relay = progress.Relay(job.out / progress.PROGRESS_FILE, logs={"compile": job.out / "compile.log"})
-    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), toolkit_source, record_base,
+    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), write_specs, toolkit_source, record_base,
                   jobs, recipe_jobs, relay)
 
 
 def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, toolkit_source: str, jobs: int,
-               nvcc_threads: int, record_base: dict) -> StepSpec:
+               nvcc_threads: int, record_base: dict, floor: Floor | None) -> StepSpec:
     """The spec with every path of the out and work folders (and the caches) as `seen` maps it."""
     from farm.build.ccache import cache_env, group_dir
     from farm.build.stall import stall_limit
@@ -427,7 +441,8 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
         stall=stall_limit(recipe, cell.platform),   # a hung compile is killed, a slow one never (design.md §6.4)
         compiler_cache_env=cache_env(enabled=job.compiler_cache,
                                      ccache_dir=str(seen(group_dir(cell.cuda, cell.torch, cell.links_torch))),
-                                     basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))))
+                                     basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))),
+        floor=floor)
 
 
 def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, network: bool) -> None:
@@ -452,7 +467,9 @@ def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
         **setup.record_base, "wheel": wheel.name, "build_number": job.build_number,
         "torch_measured_arch_list": state["env"].get("torch_arch_list"),
         "toolkit": {k: state["toolkit"].get(k) for k in ("version", "source", "home", "arch")},
-        "image_tag": state["repair"].get("plat_tag"), "runner_info": job.described,
+        # `tag`: the platform tag reached, as every record names it (§7.8); `image_tag`, its older name, stays
+        "tag": state["repair"].get("plat_tag"), "image_tag": state["repair"].get("plat_tag"),
+        "runner_info": job.described,
         "network": runner.network_isolation_when_off(), "steps": state.get("timings", {}),
         "source": state.get("source"), "grafted": state["repair"].get("grafted"),
         "verify_warnings": state["verify"].get("warnings"), "log": str(job.log_path),
@@ -481,8 +498,9 @@ def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> Bu
     return BuildResult(cell.id, "flags", None, record, record_path)
 
 
-def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, log_path: Path) -> None:
-    """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform."""
+def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, log_path: Path) -> Path | None:
+    """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform;
+    the torch wheel's file (whose tag is the cell's floor, design.md §7.8)."""
     from farm.build.environments import EnvRequest, download_build_deps, download_environment
     from farm.build.provision import download_toolkit_wheels, installed_toolkit
 
@@ -490,13 +508,14 @@ def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, 
         _append(log_path, f"[host] {message}")
 
     req = EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform, target.glibc)
-    download_environment(req, log=note)
+    torch_wheel = download_environment(req, log=note).file_for("torch")
     if recipe.build_deps:
         download_build_deps(req, recipe.build_deps, log=note)
     # A Windows cell compiles with the installed toolkit of its line, never NVIDIA's Linux wheels.
     if cell.platform != "windows" and toolkit_source in ("auto", "pypi") and \
             installed_toolkit(cell.cuda, target.arch, recipe.cuda_components, toolkit_source)[0] is None:
         download_toolkit_wheels(cell.cuda, target.arch, recipe.cuda_components, log=note)
+    return torch_wheel
 
 
 def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: Path) -> None:

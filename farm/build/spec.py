@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from farm.arch.archlist import ArchList
+from farm.build.floor import Floor
 from farm.errors import BadInput, BadSpec
 from farm.policy import frozen
 from farm.recipes.cells import Cell
 from farm.recipes.model import ExtraSource, Patch, Recipe, Source, Verify
 
 # Bumped whenever a field changes meaning; a step refuses a spec of another schema.
-SCHEMA = 3
+SCHEMA = 4
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class StepSpec:
     flags_stop_after_s: float | None  # the flags tier: stop the compile after this long
     stall: StallLimit | None         # a compile or pre_build silent this long is hung: killed
     compiler_cache_env: Mapping[str, str]
+    # The manylinux floor the gate holds the wheel to (design.md §7.8). None in the spec the source phase
+    # reads, written before the torch wheel that decides it is downloaded, and for a Windows cell.
+    floor: Floor | None
 
     def to_json(self) -> str:
         return json.dumps(to_plain(self), indent=2, sort_keys=True)

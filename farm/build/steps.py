@@ -253,8 +253,12 @@ class Steps:
         from farm.build.verify.gate import verify_wheel
 
         repaired = Path(self.state["repair"]["wheel"])
+        floor = self.spec.floor
+        if floor is None and self.cell.platform != "windows":   # the host writes it once torch is downloaded
+            raise StepFailed("the spec names no manylinux floor for this Linux cell (design.md §7.8)")
         exp = Expectation.for_cell(self.cell, knobs=self.spec.verify, requires_dist=self.recipe.requires_dist,
-                                   version=self.recipe.version, platform_tag=self.state["repair"].get("plat_tag"))
+                                   version=self.recipe.version, platform_tag=self.state["repair"].get("plat_tag"),
+                                   floor=floor.tag if floor else None)
         child, self.import_child = self.import_child, None
         report = verify_wheel(repaired, exp, torch_env=self._torch_env_built().path, import_child=child)
         report.write(self.out / "verify.json")

@@ -2,13 +2,14 @@
 
 The expectation comes from a cell of the plan (`--cell`) or from the command
 line (`--arch-list` and `--platform`, optionally `--torch/--cuda` for the local
-label, `--name/--version/--python`). Exit 0: every wheel passed; 1: a wheel
+label, `--name/--version/--python`); `--floor` names the manylinux floor to hold it to. Exit 0: every wheel passed; 1: a wheel
 failed (one line on stderr per failed wheel: its failed checks and the first one's
 message); 2: the gate could not run (bad input, missing file, no interpreter).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -34,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--python", help="Python the wheel targets, e.g. 3.11 (checks the cpXY tag)")
     p.add_argument("--name", help="distribution name the wheel must carry")
     p.add_argument("--version", dest="pkg_version", help="public version the wheel must carry")
+    p.add_argument("--floor", help="the manylinux floor the wheel's versioned symbols must stay within, e.g. "
+                                   "manylinux_2_28 (design.md section 7.8; without it the floor check is skipped)")
     add_path(p, "--torch-env", kind="input", help="the torch environment to import against (venv or its python)")
     p.add_argument("--skip-import", action="store_true", help="skip the import check")
     add_path(p, "--report", kind="output_file", help="write the JSON reports to this file")
@@ -43,6 +46,15 @@ def register(sub) -> None:
 
 
 def expectation_from_args(args) -> Expectation:
+    from farm.build.floor import floor_problem
+
+    floor = getattr(args, "floor", None)
+    if floor is not None and floor_problem(floor):
+        raise BadInput("command line", "--floor", floor, floor_problem(floor) or "")
+    return dataclasses.replace(_expectation(args), floor=floor)
+
+
+def _expectation(args) -> Expectation:
     if args.cell:
         for opt in ("arch_list", "torch", "cuda", "python", "name", "pkg_version"):
             if getattr(args, opt, None):

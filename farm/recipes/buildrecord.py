@@ -36,6 +36,8 @@ CUDA = re.compile(r"\d{1,2}\.\d{1,2}")
 VERSION = re.compile(r"[0-9][0-9A-Za-z.+!_-]{0,63}")                 # a torch pin, a farm version
 PYTHON = re.compile(r"3\.\d{1,2}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+FLOOR_TAG = re.compile(r"manylinux_\d{1,2}_\d{1,3}")                 # a floor: no machine (design.md §7.8)
+PLATFORM_TAG = re.compile(r"[a-z0-9_]{1,64}(?:\.[a-z0-9_]{1,64}){0,7}")   # manylinux_2_34_x86_64, or a set
 
 Check = Callable[[object], str | None]   # None when the value is good, else what is expected
 
@@ -76,6 +78,17 @@ def _list_of(pattern: re.Pattern, example: str) -> Check:
                                                                   for v in value) else f"a list like {example}"
 
 
+def _floor(value: object) -> str | None:
+    """The floor a build was held to, as farm.build.floor.Floor.record() writes it."""
+    expected = "a floor {tag, torch, source, text} with manylinux_X_Y tags and one-line texts"
+    if not isinstance(value, dict) or set(value) != {"tag", "torch", "source", "text"}:
+        return expected
+    tags = (value["tag"], value["torch"]) if value["torch"] is not None else (value["tag"],)
+    good = all(isinstance(t, str) and FLOOR_TAG.fullmatch(t) for t in tags) and \
+        all(isinstance(value[k], str) and _TEXT.fullmatch(value[k]) for k in ("source", "text"))
+    return None if good else expected
+
+
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]*")
 _MAPPING = _one_of(dict, type(None), what="a JSON object")
 _LIST = _one_of(list, type(None), what="a list")
@@ -98,6 +111,8 @@ FIELDS: dict[str, Check] = {
     "build_number": _number(0, whole=True),
     **{k: _number(0) for k in ("seconds", "wall_s", "peak_mb", "peak_process_mb", "wheel_bytes")},
     "dev_only": _one_of(bool, what="true or false"),
+    "floor": _floor,
+    "tag": _matching(PLATFORM_TAG, "a wheel's platform tag like manylinux_2_34_x86_64", optional=True),
     **{k: _MAPPING for k in ("source", "steps", "runner_info", "compiler_cache", "flags", "image_layer")},
     "toolkit": _one_of(dict, str, type(None), what="a toolkit version or a JSON object"),
     **{k: _LIST for k in ("build_requires_farm", "grafted", "verify_warnings", "gate_warnings", "patches")},

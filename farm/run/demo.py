@@ -3,11 +3,13 @@
 Build the bundled farm_demo extension for a cell this machine can build
 (cu130 / torch 2.13 / Python 3.11), publish it into a wheelhouse, serve that
 wheelhouse on 127.0.0.1, install the wheel from its channel with pip as a
-user would, and show what the installed binary carries.
+user would, and show what the installed binary carries: its SASS and PTX, the platform tag it
+reached and the manylinux floor the gate held it to.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import threading
@@ -71,9 +73,26 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
             modules = sorted(target.glob("farm_demo/_C*.so"))
             report = read_fatbin(modules[0])
             sass, ptx = " ".join(report.names("SASS")), " ".join(report.names("PTX"))
+            floor = _carried_floor(target / installed)
     finally:
         server.shutdown()
+    tag = wheel.name[: -len(".whl")].split("-")[-1]
     log(f"installed {installed} from {channel} (server log: {access_log})")
     log(f"  SASS: {sass}")
     log(f"  PTX:  {ptx}")
-    return {"wheel": str(wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed}
+    log(f"  tag:  {tag}")     # where pip installs it: this glibc or newer
+    log(f"  floor: {floor}")  # what the gate held it to (design.md §7.8)
+    return {"wheel": str(wheel), "channel": channel, "sass": sass, "ptx": ptx, "installed": installed,
+            "tag": tag, "floor": floor}
+
+
+def _carried_floor(dist_info: Path) -> str:
+    """The floor the installed wheel's own build record names ("unknown" for a wheel built before floors)."""
+    from farm.build.label import BUILD_INFO_NAME
+
+    try:
+        info = json.loads((dist_info / BUILD_INFO_NAME).read_text())
+    except (OSError, ValueError):
+        return "unknown"
+    floor = info.get("floor") if isinstance(info, dict) else None
+    return floor["text"] if isinstance(floor, dict) and isinstance(floor.get("text"), str) else "unknown"

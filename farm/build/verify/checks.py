@@ -1,6 +1,6 @@
-"""The static checks of the gate (design.md §7.2-7.6): the file name, METADATA, that binaries exist, the
-ELF files' DT_NEEDED / RPATH / GLIBC demand, torch linkage of a torch-free recipe, and the CUDA
-arches in the fatbins. Each takes the opened `Wheel` and the `Expectation` and returns one
+"""The static checks of the gate (design.md §7.2-7.6, §7.8): the file name, METADATA, that binaries exist,
+the ELF files' DT_NEEDED / RPATH / GLIBC demand, their versioned symbols against the cell's floor, torch
+linkage of a torch-free recipe, and the CUDA arches in the fatbins. Each takes the opened `Wheel` and the `Expectation` and returns one
 `CheckResult`; none imports the wheel.
 """
 
@@ -226,6 +226,41 @@ def check_elf(w: Wheel, exp: Expectation, torch_env: TorchEnv | None) -> CheckRe
     ok = (f"{len(bins)} ELF file(s): DT_NEEDED provided, RPATHs relative"
           + (f", GLIBC {demand[0]}.{demand[1]} within the tag" if demand else ""))
     return CheckResult.of("elf", problems, [], ok, details)
+
+
+def _version_key(number: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in number.split(".")) if re.fullmatch(r"\d+(?:\.\d+)*", number) else (-1,)
+
+
+def check_floor(w: Wheel, exp: Expectation) -> CheckResult:
+    """design.md §7.8: every versioned symbol an ELF file of the wheel needs (GLIBC_, GLIBCXX_, CXXABI_,
+    GCC_, ... of .gnu.version_r) is one auditwheel's policy for the floor allows: the symbols decide,
+    not the tag. A wheel with no ELF file has nothing above any floor."""
+    if exp.platform == "windows":
+        return CheckResult("floor", "skip", "not a Linux wheel")
+    if exp.floor is None:
+        return CheckResult("floor", "skip", "no floor given (farm verify --floor)")
+    from farm.build.floor import highest, symbol_versions
+
+    allowed = symbol_versions(exp.floor, exp.platform)
+    bins = w.elf_binaries()
+    problems: list[str] = []
+    details: dict = {"floor": exp.floor, "above": {}}
+    for b in bins:
+        above: dict[str, set[str]] = {}   # prefix -> the versions it needs that the floor lacks
+        for _, version in b.elf.version_needs:
+            prefix, _, number = version.partition("_")
+            if prefix in allowed and number not in allowed[prefix]:
+                above.setdefault(prefix, set()).add(number)
+        if not above:
+            continue
+        details["above"][b.member] = sorted(f"{p}_{n}" for p, ns in above.items() for n in ns)
+        worst = [f"{p}_{max(above[p], key=_version_key)}" for p in sorted(above)]
+        limits = [f"{p} <= {highest(allowed[p])}" for p in sorted(above)]
+        problems.append(f"{b.member} needs {', '.join(worst)}, above {exp.floor} (allows {', '.join(limits)})")
+    ok = f"{len(bins)} ELF file(s), no versioned symbol above {exp.floor}" if bins else \
+        f"no ELF file: nothing above {exp.floor}"
+    return CheckResult.of("floor", problems, [], ok, details)
 
 
 def check_torch_linkage(w: Wheel, exp: Expectation) -> CheckResult:

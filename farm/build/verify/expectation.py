@@ -41,11 +41,13 @@ class Expectation:
     requires_dist: tuple[str, ...] | None = None
     knobs: VerifyKnobs = field(default_factory=VerifyKnobs)
     platform_tag: str | None = None
+    floor: str | None = None        # manylinux_2_28: the cell's floor in force (design.md §7.8); None: not judged
 
     def as_dict(self) -> dict:
         return {
             "name": self.name, "version": self.version, "local_label": self.local_label,
             "python_tag": self.python_tag, "platform": self.platform, "platform_tag": self.platform_tag,
+            "floor": self.floor,
             "arch_list": None if self.arch_list is None else self.arch_list.torch(),
             "links_torch": self.links_torch,
             "requires_dist": None if self.requires_dist is None else list(self.requires_dist),
@@ -53,7 +55,8 @@ class Expectation:
 
     @classmethod
     def for_cell(cls, cell, *, knobs: VerifyKnobs | None = None, requires_dist: Iterable[str] | None = None,
-                 version: str | None = None, platform_tag: str | None = None) -> Expectation:
+                 version: str | None = None, platform_tag: str | None = None,
+                 floor: str | None = None) -> Expectation:
         """From a farm.recipes.cells.Cell (and its recipe's verify knobs and resolved requires_dist)."""
         abi = getattr(cell, "wheel_abi", "cpython")
         py = {"py3-none": "py3", "pure": "py3"}.get(abi, f"cp{_pytag(cell.python)}")
@@ -62,7 +65,7 @@ class Expectation:
             platform=cell.platform, arch_list=None if abi == "pure" else cell.arch.arch_list,
             links_torch=cell.links_torch,
             requires_dist=None if requires_dist is None else tuple(requires_dist),
-            knobs=knobs or VerifyKnobs(), platform_tag=platform_tag,
+            knobs=knobs or VerifyKnobs(), platform_tag=platform_tag, floor=floor,
         )
 
 

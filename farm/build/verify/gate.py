@@ -18,6 +18,7 @@ from farm.build.verify.checks import (
     check_elf,
     check_file,
     check_filename,
+    check_floor,
     check_metadata,
     check_torch_linkage,
 )
@@ -27,14 +28,15 @@ from farm.build.verify.torchenv import TorchEnv
 from farm.build.verify.wheel import ZIP_READ_ERRORS, Wheel
 from farm.errors import GateCannotRun
 
-CHECKS = ("file", "filename", "metadata", "binaries", "elf", "torch_linkage", "arches", "import")
+CHECKS = ("file", "filename", "metadata", "binaries", "elf", "floor", "torch_linkage", "arches", "import")
 
 
 def _static_checks(report: Report, w: Wheel, exp: Expectation, env: TorchEnv | None) -> None:
     """metadata .. arches, in order. A member that cannot be read (the file check names it) or an
     ELF file that does not parse fails the check that met it, never the gate."""
     runs = (("metadata", lambda: check_metadata(w, exp)), ("binaries", lambda: check_binaries(w, exp)),
-            ("elf", lambda: check_elf(w, exp, env)), ("torch_linkage", lambda: check_torch_linkage(w, exp)),
+            ("elf", lambda: check_elf(w, exp, env)), ("floor", lambda: check_floor(w, exp)),
+            ("torch_linkage", lambda: check_torch_linkage(w, exp)),
             ("arches", lambda: check_arches(w, exp)))
     for name, run in runs:
         try:

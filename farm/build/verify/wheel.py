@@ -62,6 +62,8 @@ class ElfFacts:
     glibc: tuple[int, int] | None  # highest GLIBC_x.y demanded
     torch_symbols: tuple[str, ...]  # undefined at::/c10::/torch:: symbols (a few, for the message)
     driver_symbols: tuple[str, ...] = ()  # undefined cu* symbols (what a libcuda stub must define)
+    # (library, version) of .gnu.version_r, as auditwheel reads them: ('libc.so.6', 'GLIBC_2.34'), ...
+    version_needs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def _elf_facts(path: Path) -> ElfFacts:
         glibc: tuple[int, int] | None = None
         torch_syms: list[str] = []
         driver_syms: list[str] = []
+        version_needs: list[tuple[str, str]] = []
         for sec in elf.iter_sections():
             if isinstance(sec, DynamicSection):
                 for tag in sec.iter_tags():
@@ -98,8 +101,12 @@ def _elf_facts(path: Path) -> ElfFacts:
                     elif tag.entry.d_tag == "DT_SONAME":
                         soname = _tag_text(tag)
             elif isinstance(sec, GNUVerNeedSection):
-                for _, auxes in sec.iter_versions():
+                for verneed, auxes in sec.iter_versions():
+                    library = verneed.name or ""
                     for aux in auxes:
+                        # the dynamic loader's own versions say nothing of the system (auditwheel skips them too)
+                        if not library.startswith("ld-linux") and library not in ("ld64.so.1", "ld64.so.2"):
+                            version_needs.append((library, aux.name))
                         m = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?", aux.name)
                         if m:
                             v = (int(m.group(1)), int(m.group(2)))
@@ -116,7 +123,7 @@ def _elf_facts(path: Path) -> ElfFacts:
                 elif _DRIVER_SYMBOL.fullmatch(sym.name):
                     driver_syms.append(sym.name)
         return ElfFacts(elf["e_machine"], tuple(needed), soname, tuple(rpaths), glibc, tuple(torch_syms),
-                         tuple(driver_syms))
+                        tuple(driver_syms), tuple(version_needs))
 
 
 def names_nvidia_wheel(requirement: str) -> bool:
