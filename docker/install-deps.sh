@@ -92,7 +92,9 @@ fi
 # gcc 10 (GLIBCXX_3.4.28), not this image's newer ones; as and ld come from PATH (this image's
 # binutils). /usr/include stays reachable after the sysroot's own headers (-idirafter): the
 # image's Python headers (Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>)
-# and a recipe's system packages. Libraries are never looked up outside the sysroot.
+# and a recipe's system packages. The sysroot's library folders come before every -L a build
+# passes: Debian's Python hands setuptools -L/usr/lib/<triplet>, where the image's own libc.so
+# would otherwise bind glibc 2.34 symbols. A library only the image has is still found there.
 SYSROOT=/opt/farm-sysroot
 TOOLCHAIN=/opt/farm-toolchain
 toolchain=""
@@ -105,7 +107,8 @@ if [ -d "$SYSROOT/usr/lib/gcc" ]; then
         cat > "$TOOLCHAIN/bin/${pair%%:*}" <<WRAPPER
 #!/bin/sh
 # The farm's host compiler (design.md §6.4): gcc $major on the sysroot's glibc and libstdc++.
-exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
+exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -L$SYSROOT/usr/lib/$triplet -L$SYSROOT/usr/lib \\
+    -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
 WRAPPER
         chmod 755 "$TOOLCHAIN/bin/${pair%%:*}"
     done

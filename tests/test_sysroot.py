@@ -121,8 +121,11 @@ def test_the_sysroot_enters_the_base_and_builder_keys(monkeypatch):
 
 # ----- the real image ------------------------------------------------------------------
 
+# pthread_key_create moved into libc in glibc 2.34 (GLIBC_2.34 there, GLIBC_2.2.5 in bullseye's
+# libpthread): bound against the image's own libc, it gives the demo's manylinux_2_34 back.
 CPP = r"""
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +133,8 @@ CPP = r"""
 static std::once_flag once;
 extern "C" int farm_join(int n) {
     std::vector<std::string> parts;
+    pthread_key_t key;
+    if (pthread_key_create(&key, nullptr) != 0) return -1;
     std::call_once(once, [] {});
     std::thread t([&] { for (int i = 0; i < n; ++i) parts.push_back(std::to_string(i)); });
     t.join();
@@ -173,7 +178,10 @@ def test_the_toolchain_compiles_cpp_and_cuda_that_need_nothing_past_glibc_2_31(i
     (tmp_path / "kernel.cu").write_text(CU)
     tc = image.toolchain["bin"]
     script = " && ".join([
-        f"{tc}/g++ -std=c++20 -O2 -shared -fPIC -pthread -I/usr/include/python3.11 -o /t/ext.so /t/ext.cpp",
+        # -L/usr/lib/<triplet>: what Debian's Python hands setuptools; the image's own libc.so there must not
+        # win over the sysroot's (std::call_once would bind pthread_once@GLIBC_2.34)
+        f"{tc}/g++ -std=c++20 -O2 -shared -fPIC -pthread -I/usr/include/python3.11 -L/usr/lib/$({tc}/gcc "
+        "-dumpmachine) -o /t/ext.so /t/ext.cpp",
         # compiled by nvcc, linked by the C++ driver: how torch's ninja builds an extension
         f"{toolkit.nvcc} -ccbin {tc} -std=c++20 -gencode arch=compute_80,code=sm_80 -Xcompiler -fPIC "
         "-c -o /t/kernel.o /t/kernel.cu",
