@@ -102,11 +102,15 @@ if [ -d "$SYSROOT/usr/lib/gcc" ]; then
     gcc_exe="$(ls "$SYSROOT"/usr/bin/gcc-[0-9]* | sort -V | tail -n 1)"
     major="${gcc_exe##*-}"
     triplet="$("$gcc_exe" -dumpmachine)"
+    # The packages' exact versions go into each wrapper: ccache hashes a compiler by its content, and
+    # the wrapper is the compiler it sees.
+    versions="$(dpkg-query --admindir="$SYSROOT/var/lib/dpkg" -W -f='${Package} ${Version}; ' "gcc-$major" "g++-$major" libc6 "libstdc++-$major-dev")"
     mkdir -p "$TOOLCHAIN/bin"
     for pair in gcc:gcc cc:gcc g++:g++ c++:g++; do
         cat > "$TOOLCHAIN/bin/${pair%%:*}" <<WRAPPER
 #!/bin/sh
 # The farm's host compiler (design.md §6.4): gcc $major on the sysroot's glibc and libstdc++.
+# $versions
 exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -L$SYSROOT/usr/lib/$triplet -L$SYSROOT/usr/lib \\
     -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
 WRAPPER
