@@ -6,11 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FARM_CACHE ?= $(HOME)/.cache/farm
 # The gate holds every Linux wheel to its cell's manylinux floor, torch's own tag (manylinux_2_28 for torch
-# 2.13). This machine's builder is Debian 12 (glibc 2.36) and its wheels reach manylinux_2_34 at best, so the
-# floor is raised here, honestly: every build record and the status table say torch's floor was not reached,
-# and by how much (design.md §7.8). The bullseye builder (issue 34) lowers this; unset it where the builder is
-# manylinux_2_28. tests/conftest.py raises it the same way for a direct `pytest`.
-export FARM_MANYLINUX_FLOOR ?= manylinux_2_34
+# 2.13). The builder image's bullseye toolchain reaches manylinux_2_24, so no target raises it. Only the host
+# runner on this Debian 12 host (manylinux_2_34) needs FARM_MANYLINUX_FLOOR=manylinux_2_34 (design.md §7.8).
 
 .PHONY: setup test lint bench matrix plan estimate recipes-check recipes-status farm demo images setup-engine test-arm pages-screenshots clean
 

@@ -86,6 +86,41 @@ else
 fi
 [ -n "$dry" ] && { echo "+ write /etc/farm-image.json (glibc, AUDITWHEEL_PLAT, Pythons)"; exit 0; }
 
+# --- the host compiler: an older Debian's gcc on its own glibc and libstdc++ --------------
+# A local base carries Debian bullseye at /opt/farm-sysroot (farm/runners/images.py). Wrappers
+# run its gcc with --sysroot there, so an extension links bullseye's glibc 2.31 and libstdc++ of
+# gcc 10 (GLIBCXX_3.4.28), not this image's newer ones; as and ld come from PATH (this image's
+# binutils). /usr/include stays reachable after the sysroot's own headers (-idirafter): the
+# image's Python headers (Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>)
+# and a recipe's system packages. The sysroot's library folders come before every -L a build
+# passes: Debian's Python hands setuptools -L/usr/lib/<triplet>, where the image's own libc.so
+# would otherwise bind glibc 2.34 symbols. A library only the image has is still found there.
+SYSROOT=/opt/farm-sysroot
+TOOLCHAIN=/opt/farm-toolchain
+toolchain=""
+if [ -d "$SYSROOT/usr/lib/gcc" ]; then
+    gcc_exe="$(ls "$SYSROOT"/usr/bin/gcc-[0-9]* | sort -V | tail -n 1)"
+    major="${gcc_exe##*-}"
+    triplet="$("$gcc_exe" -dumpmachine)"
+    # The packages' exact versions go into each wrapper: ccache hashes a compiler by its content, and
+    # the wrapper is the compiler it sees.
+    versions="$(dpkg-query --admindir="$SYSROOT/var/lib/dpkg" -W -f='${Package} ${Version}; ' "gcc-$major" "g++-$major" libc6 "libstdc++-$major-dev")"
+    mkdir -p "$TOOLCHAIN/bin"
+    for pair in gcc:gcc cc:gcc g++:g++ c++:g++; do
+        cat > "$TOOLCHAIN/bin/${pair%%:*}" <<WRAPPER
+#!/bin/sh
+# The farm's host compiler (design.md §6.4): gcc $major on the sysroot's glibc and libstdc++.
+# $versions
+exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -L$SYSROOT/usr/lib/$triplet -L$SYSROOT/usr/lib \\
+    -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
+WRAPPER
+        chmod 755 "$TOOLCHAIN/bin/${pair%%:*}"
+    done
+    sysroot_glibc="$(dpkg-query --admindir="$SYSROOT/var/lib/dpkg" -W -f='${Version}' libc6 | cut -d- -f1)"
+    toolchain="\"toolchain\": {\"bin\": \"$TOOLCHAIN/bin\", \"sysroot\": \"$SYSROOT\", \"gcc\": \"$("$gcc_exe" -dumpfullversion)\", \"glibc\": \"$sysroot_glibc\"},
+ "
+fi
+
 # --- what this image provides -------------------------------------------------------
 glibc="$(getconf GNU_LIBC_VERSION | awk '{print $2}')"
 pythons=""
@@ -106,6 +141,6 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then cuda_home=/usr/local/cuda; fi
 cat > /etc/farm-image.json <<JSON
 {"package_manager": "$manager", "arch": "$arch", "glibc": "$glibc",
  "declared_plat": "${AUDITWHEEL_PLAT:-}", "cuda_home": "$cuda_home",
- "pythons": [${pythons%,}]}
+ ${toolchain}"pythons": [${pythons%,}]}
 JSON
 cat /etc/farm-image.json

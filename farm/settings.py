@@ -82,6 +82,9 @@ DEBIAN_MIRROR = _declare("FARM_DEBIAN_MIRROR", "http://deb.debian.org/debian", "
 ENGINE = _declare("FARM_ENGINE", None, "the container engine: docker, podman or a path", "the first of docker, podman that answers")
 CONTAINER_MEMORY = _declare("FARM_CONTAINER_MEMORY", None,
                             "memory limit of a build container, e.g. 16g (0: none)", "the host's memory less 2 GB")
+HOST_COMPILER = _declare("FARM_HOST_COMPILER", "toolchain",
+                         "a container build's host compiler: toolchain (the image's gcc 10 on a glibc 2.31 sysroot, "
+                         "where it has one) or image (the image's own gcc; keyed apart, for comparisons)")
 EMULATED_JOBS = _declare("FARM_EMULATED_JOBS", None, "emulated aarch64 cells built at once", "1")
 MANYLINUX_FLOOR = _declare("FARM_MANYLINUX_FLOOR", None,
                            "raises every Linux cell's manylinux floor to this tag (e.g. manylinux_2_34) for a builder "

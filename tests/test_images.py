@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from farm.errors import BadInput
-from farm.platforms import host_arch
+from farm.platforms import host_arch, plat_glibc
 from farm.runners import images
 from farm.runners.engine import Engine, Mount, ensure_engine
 
@@ -105,7 +105,7 @@ def test_builder_image_is_cached_and_not_rebuilt(engine, image, monkeypatch):
     again = images.ensure_builder(host_arch(), engine, quiet=True)
     assert again.id == image.id and again.ref == image.ref
     assert images.load_image(host_arch(), engine) == image
-    assert images.base_tarball(host_arch()).exists()
+    assert images.base_tarball(host_arch()).exists() and images.sysroot_tarball(host_arch()).exists()
 
 
 @pytest.mark.slow
@@ -113,15 +113,18 @@ def test_builder_image_is_cached_and_not_rebuilt(engine, image, monkeypatch):
 def test_debian_image_records_glibc_tag_and_pythons(engine, image):
     assert image.package_manager == "apt"
     assert image.glibc == "2.36"
-    # Debian 12: a C++ extension binds pthread_once@GLIBC_2.34, so manylinux_2_34 at best (design.md §8.3).
-    assert image.plat == f"manylinux_2_34_{image.arch}"
+    # Debian 12's own gcc gave manylinux_2_34 (pthread_once@GLIBC_2.34); the bullseye toolchain builds the
+    # probe against glibc 2.31, and what it then needs is older still (design.md §8.3).
+    assert image.plat == f"manylinux_2_24_{image.arch}"
     assert image.plat_cap == f"manylinux_2_36_{image.arch}"
+    assert image.toolchain["glibc"] == "2.31"
     own = image.python("3.11")
     assert own == {"version": "3.11", "path": "/usr/bin/python3"}
     inside = json.loads(engine.output(image.ref, ["cat", images.IMAGE_FACTS_PATH], network=False))
     assert inside["glibc"] == image.glibc and inside["package_manager"] == "apt"
-    with pytest.raises(BadInput, match="glibc 2.36"):
-        images.check_plat(image, "manylinux_2_28")
+    assert images.check_plat(image, "manylinux_2_28") == f"manylinux_2_28_{image.arch}"   # torch's own tag
+    with pytest.raises(BadInput, match="manylinux_2_24.*glibc 2.36"):
+        images.check_plat(image, "manylinux_2_17")
 
 
 @pytest.mark.slow
@@ -216,6 +219,6 @@ def test_aarch64_image_runs_under_qemu_and_records_its_own_tag(engine):
     arm = arm_image_or_skip(engine)
     assert arm.arch == "aarch64" and engine.image_arch(arm.ref) == "aarch64"
     assert engine.output(arm.ref, ["uname", "-m"], arch="aarch64", network=False).strip() == "aarch64"
-    assert arm.plat == "manylinux_2_34_aarch64"
+    assert plat_glibc(arm.plat) <= (2, 31) and arm.toolchain["glibc"] == "2.31"   # the bullseye sysroot
     # Host pyenv Pythons are x86_64 binaries: never offered to an aarch64 image.
     assert [p["version"] for p in arm.pythons] == ["3.11"] and not arm.pythons[0].get("mount")

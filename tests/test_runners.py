@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from farm.errors import BadInput
+from farm.platforms import plat_glibc
 from farm.runners.base import OUT_TARGET, WORK_TARGET
 from farm.runners.choose import get_runner
 from farm.runners.engine import Limits, Mount, ensure_engine
@@ -267,4 +268,4 @@ def test_container_runner_runs_the_entrypoint_in_the_emulated_aarch64_image(prob
     code, log = runner.run_step(["exit", "5"], env, mounts, network=False, log_path=tmp_path / "arm.log")
     assert code == 5, log.read_text()
     d = runner.describe()
-    assert d["arch"] == "aarch64" and d["emulated"] is True and d["plat"] == "manylinux_2_34_aarch64"
+    assert d["arch"] == "aarch64" and d["emulated"] is True and plat_glibc(d["plat"]) <= (2, 31)

@@ -64,12 +64,14 @@ def _join(*parts) -> str:
 def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env=None, cuda: str | None = None,
                         max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
                         recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
-                        base: Mapping[str, str] | None = None) -> dict[str, str]:
+                        base: Mapping[str, str] | None = None,
+                        host_compiler: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every variable the compile step sets (design.md §6.4), as one dict.
 
     torch_env: a farm.build.environments.TorchEnv (its bin goes first on PATH; its nvidia/*/include
     on CPATH, where torch's CUDA headers need cusparse.h/cublas_v2.h/cusolverDn.h).
     recipe_env: the recipe's `env` (placeholders expanded); exported: what pre_build wrote to $FARM_ENV.
+    host_compiler: CC, CXX, ... of the image's toolchain (farm.build.hostcompiler), over the caller's.
     """
     if max_jobs < 1 or nvcc_threads < 1:
         raise BadInput("recipe", "max_jobs" if max_jobs < 1 else "nvcc_threads",
@@ -103,6 +105,7 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
         "PYTHONNOUSERSITE": "1",
     })
     env.update(toolkit.env())
+    env.update(host_compiler or {})
     if torch_env is not None:
         env["VIRTUAL_ENV"] = str(torch_env.path)
     names = {"ARCHS_TORCH": arch_list.torch(), "ARCHS_CMAKE": arch_list.cmake(), "CUDA": cuda_line,

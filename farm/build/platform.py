@@ -42,7 +42,8 @@ class BuildPlatform(Protocol):
 
 
 class LinuxPlatform:
-    """gcc + nvcc from the cell's toolkit; auditwheel repair against the image's manylinux floor."""
+    """The image's host compiler (farm.build.hostcompiler) + nvcc from the cell's toolkit; auditwheel repair
+    against the image's manylinux floor."""
 
     def __init__(self, name: str = "linux"):
         self.name = name   # linux | linux_aarch64
@@ -54,9 +55,11 @@ class LinuxPlatform:
         return provision_toolkit(cuda, arch, list(components), source=source, allow_download=False, log=log)
 
     def compile_environment(self, **kw) -> dict[str, str]:
+        from farm.build import hostcompiler
         from farm.build.compile import compile_environment
 
-        return compile_environment(**kw)
+        # The image's toolchain, when it has one, compiles and links (design.md §6.4, §8.3).
+        return compile_environment(**kw, host_compiler=hostcompiler.step_env())
 
     def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat, floor_plat, allow_graft, wheel_abi,
                links_torch) -> RepairResult:

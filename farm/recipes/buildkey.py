@@ -35,9 +35,12 @@ class BuildContext:
     runner: str         # container | host | windows
     image: str          # builder image key (farm.runners.images.builder_key: carries the compiler), or 'host'
     plat_tag: str       # a requested platform tag (--plat); "" for the image's own
+    compiler: str = ""  # FARM_HOST_COMPILER when not the default: the image's own gcc, not its toolchain
 
     def as_dict(self) -> dict:
-        return {"runner": self.runner, "image": self.image, "plat_tag": self.plat_tag}
+        # Without a compiler choice the dict, and so every key made before the choice existed, is unchanged.
+        chosen = {"compiler": self.compiler} if self.compiler else {}
+        return {"runner": self.runner, "image": self.image, "plat_tag": self.plat_tag, **chosen}
 
 
 def context_for(platform: str, runner: str, plat: str | None = None) -> BuildContext:
@@ -51,10 +54,13 @@ def context_for(platform: str, runner: str, plat: str | None = None) -> BuildCon
         return BuildContext("windows", "msvc", "win_amd64")
     if runner == "host":
         return BuildContext("host", "host", plat or "")
+    from farm.build import hostcompiler
     from farm.runners.images import base_ref, builder_key
 
     arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
-    return BuildContext("container", builder_key(arch, base_ref(arch)), plat or "")
+    chosen = hostcompiler.choice()   # the same image builds other bytes with its own gcc (design.md §6.4)
+    return BuildContext("container", builder_key(arch, base_ref(arch)), plat or "",
+                        "" if chosen == hostcompiler.CHOICES[0] else chosen)
 
 
 def digest(data) -> str:

@@ -1,9 +1,13 @@
 """Builder images: the local Debian base, the builder image built from docker/Dockerfile,
 what each image provides (glibc, platform tag, Pythons), and QEMU for aarch64 images.
+It is longer than 600 lines because the base, its sysroot and the builder are one chain keyed
+together (builder_key hashes all three), and splitting it would split that key.
 
 Production builds FROM quay.io/pypa/manylinux_2_28_{x86_64,aarch64}. Where no registry
 is reachable (here), the base is debootstrapped Debian bookworm imported into the
-engine. Everything heavy is cached under cache_dir()/images and keyed by a hash of
+engine, with a debootstrapped Debian bullseye added at /opt/farm-sysroot: the sysroot the
+image's host compiler builds against (glibc 2.31, gcc 10; farm/build/hostcompiler.py).
+Everything heavy is cached under cache_dir()/images and keyed by a hash of
 its recipe, so nothing is rebuilt unless the recipe (package list, Dockerfile,
 install script) changed.
 """
@@ -28,6 +32,7 @@ from filelock import FileLock
 
 from farm import settings
 from farm.build import progress
+from farm.build.hostcompiler import compiler_env
 from farm.errors import BadInput, EngineError, ImageError
 from farm.platforms import host_arch, plat_glibc
 from farm.process import last_line, run
@@ -111,8 +116,14 @@ def base_key(arch: str) -> str:
     return sha(json.dumps(base_recipe(arch), sort_keys=True))[:16]
 
 
-def base_ref(arch: str) -> str:
+def debian_ref(arch: str) -> str:
+    """The debootstrapped bookworm as imported, before the sysroot is added."""
     return f"{BASE_REPO}:{SUITE}-{arch}-{base_key(arch)[:12]}"
+
+
+def base_ref(arch: str) -> str:
+    """The local base the builder image is built FROM: bookworm with the bullseye sysroot."""
+    return f"{debian_ref(arch)}-{SYSROOT_SUITE}-{sysroot_key(arch)[:12]}"
 
 
 def base_tarball(arch: str) -> Path:
@@ -168,21 +179,25 @@ def shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> 
             yield
 
 
-def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
+def _debootstrap(recipe: dict, tarball: Path, log: Path, quiet: bool, *, top: str = ".",
+                 finish: Callable[[Path], object] | None = None) -> None:
+    """Debootstrap `recipe` and pack the root as `tarball`: its members at the top (top "."), or
+    inside one folder named `top`; `finish` edits the root first."""
     if os.geteuid() != 0:
         raise ImageError("debootstrap needs root (run `farm images base` as root, or import a base by hand)")
     if not shutil.which("debootstrap"):
         raise ImageError("debootstrap is not installed (run `make setup-engine`)")
+    arch = next(a for a, deb in DEB_ARCH.items() if deb == recipe["arch"])
     if arch != host_arch():
         # Debootstrap's second stage runs the target's binaries: needs binfmt + qemu.
         setup_qemu(quiet=quiet)
-    recipe = base_recipe(arch)
     work = Path(tempfile.mkdtemp(prefix=f"farm-deboot-{arch}-", dir=images_dir()))
-    root = work / "root"
+    root = work / ("root" if top == "." else top)
     try:
+        suite = recipe["suite"]
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
-               "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.value()]
-        _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
+               "--include=" + ",".join(recipe["include"]), suite, str(root), settings.DEBIAN_MIRROR.value()]
+        _say(f"debootstrap {suite} {recipe['arch']} (a few minutes; log {log})", quiet)
         with shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
         if p.returncode != 0:
@@ -191,8 +206,11 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(root / junk, ignore_errors=True)
             (root / junk).mkdir(parents=True, exist_ok=True)
+        if finish is not None:
+            finish(root)
         tmp = tarball.with_suffix(".tar.part")
-        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tmp), "."], check=True)
+        subprocess.run(["tar", "-C", str(root if top == "." else work), "--numeric-owner", "-cf", str(tmp), top],
+                       check=True)
         os.replace(tmp, tarball)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -207,13 +225,76 @@ def ensure_base(arch: str, engine: Engine | None = None, quiet: bool = False) ->
     with FileLock(str(images_dir() / f".base-{arch}.lock")):
         if engine.image_id(ref):
             return ref
-        tarball = base_tarball(arch)
-        if not tarball.exists():
-            _debootstrap(arch, tarball, images_dir() / f"base-{arch}.log", quiet)
-        _say(f"importing {tarball.name} as {ref}", quiet)
-        with progress.step("base import"):
-            engine.import_tarball(tarball, ref, arch, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+        debian = debian_ref(arch)
+        if not engine.image_id(debian):
+            tarball = base_tarball(arch)
+            if not tarball.exists():
+                _debootstrap(base_recipe(arch), tarball, images_dir() / f"base-{arch}.log", quiet)
+            _say(f"importing {tarball.name} as {debian}", quiet)
+            with progress.step("base import"):
+                engine.import_tarball(tarball, debian, arch, changes=["ENV LANG=C.UTF-8", 'CMD ["/bin/bash"]'])
+        _add_sysroot(engine, arch, debian, ref, quiet)
     return ref
+
+
+# ----- the sysroot: an older glibc and libstdc++ to build against (design.md §8.3) --------
+
+# Debian 11: glibc 2.31, gcc 10 (GLIBCXX_3.4.28), the oldest Debian the mirror still debootstraps
+# (buster's packages are gone from it). Only its compiler, C library and C++ library: the image's
+# binutils, Pythons and everything else stay bookworm's.
+SYSROOT_SUITE = "bullseye"
+SYSROOT_PACKAGES = ("libc6-dev", "libstdc++-10-dev", "gcc-10", "g++-10")
+SYSROOT_DIR = "/opt/farm-sysroot"
+# Bump when the way a sysroot tarball is made changes (the link fixing, the layout).
+_SYSROOT_RECIPE_VERSION = 1
+
+
+def sysroot_recipe(arch: str) -> dict:
+    return {"suite": SYSROOT_SUITE, "variant": "minbase", "arch": DEB_ARCH[check_arch(arch)],
+            "include": sorted(SYSROOT_PACKAGES), "at": SYSROOT_DIR, "version": _SYSROOT_RECIPE_VERSION}
+
+
+def sysroot_key(arch: str) -> str:
+    return sha(json.dumps(sysroot_recipe(arch), sort_keys=True))[:16]
+
+
+def sysroot_tarball(arch: str) -> Path:
+    return images_dir() / f"sysroot-{SYSROOT_SUITE}-{arch}-{sysroot_key(arch)}.tar"
+
+
+def relative_links(root: Path) -> int:
+    """Make every absolute symlink under `root` relative, so it resolves inside the root wherever the
+    root is mounted: ld follows /lib64/ld-linux-x86-64.so.2 and the lib*.so development links
+    under --sysroot, and an absolute target there leads into the image's own (bookworm) /lib.
+    Returns how many links were rewritten."""
+    changed = 0
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            link = Path(folder, name)
+            if not link.is_symlink():
+                continue
+            target = os.readlink(link)
+            if os.path.isabs(target):
+                link.unlink()
+                link.symlink_to(os.path.relpath(root / target.lstrip("/"), link.parent))
+                changed += 1
+    return changed
+
+
+def _add_sysroot(engine: Engine, arch: str, debian: str, ref: str, quiet: bool) -> None:
+    """`ref`: the imported Debian base with the bullseye sysroot unpacked at SYSROOT_DIR."""
+    tarball = sysroot_tarball(arch)
+    if not tarball.exists():
+        _debootstrap(sysroot_recipe(arch), tarball, images_dir() / f"sysroot-{arch}.log", quiet,
+                     top=Path(SYSROOT_DIR).name, finish=relative_links)
+    with tempfile.TemporaryDirectory(prefix="farm-sysroot-", dir=images_dir()) as tmp:
+        context = Path(tmp)
+        os.link(tarball, context / "sysroot.tar")   # same folder: no copy of ~300 MB
+        (context / "Dockerfile").write_text(f"FROM {debian}\nADD sysroot.tar {Path(SYSROOT_DIR).parent}/\n")
+        _say(f"adding the {SYSROOT_SUITE} sysroot: {ref}", quiet)
+        with progress.step("sysroot layer"):
+            engine.build(context, ref, labels={"farm.sysroot": sysroot_key(arch)}, arch=arch, network=False,
+                         log_path=images_dir() / f"sysroot-layer-{arch}.log")
 
 
 # ----- the builder image -----------------------------------------------------------
@@ -240,6 +321,9 @@ class Image:
     layer_of: str = ""
     layer_of_id: str = ""
     system_packages: list[str] = field(default_factory=list)
+    # The host compiler a build uses when it is not the image's own gcc: {bin, sysroot, gcc, glibc}
+    # (docker/install-deps.sh, farm/build/hostcompiler.py). Empty on a manylinux image.
+    toolchain: dict = field(default_factory=dict)
 
     @property
     def builder_id(self) -> str:
@@ -255,14 +339,15 @@ class Image:
 
     def describe(self) -> dict:
         layer = {"layer_of": self.layer_of, "system_packages": self.system_packages} if self.layer_of else {}
+        compiler = {"toolchain": self.toolchain} if self.toolchain else {}
         return {"image_ref": self.ref, "image_id": self.id, "arch": self.arch, "base": self.base,
-                "glibc": self.glibc, "plat": self.plat, "pythons": self.python_versions(), **layer}
+                "glibc": self.glibc, "plat": self.plat, "pythons": self.python_versions(), **compiler, **layer}
 
 
 def builder_key(arch: str, base: str, cuda: str = "") -> str:
     """Hash of everything the image and its record come from: base recipe, Dockerfile,
     install script, and the platform probe (which decides the recorded tag)."""
-    base_part = base_key(arch) if base.startswith("localhost/farm-base:") else base
+    base_part = base_key(arch) + sysroot_key(arch) if base.startswith(f"{BASE_REPO}:") else base
     return sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), _PLAT_PROBE_CPP, cuda, arch,
                 str(_RECORD_VERSION))[:16]
 
@@ -379,14 +464,15 @@ def stale(engine: Engine) -> Stale:
     arch. Images of other repositories are never looked at."""
     current = [rec for rec, present in list_images(engine)
                if present and rec.key == builder_key(rec.arch, rec.base, rec.cuda)]
-    keep = {rec.ref for rec in current} | {base_ref(a) for a in ARCHES}
+    keep = {rec.ref for rec in current} | {base_ref(a) for a in ARCHES} | {debian_ref(a) for a in ARCHES}
     builder_ids = {rec.id for rec in current}
     refs = [r for r in engine.image_refs(BUILDER_REPO) + engine.image_refs(BASE_REPO) if r not in keep]
     refs += [r for r in engine.image_refs(LAYER_REPO)
              if full_id(engine.image_labels(r).get("farm.layer-of", "")) not in builder_ids]
     folder = images_dir()
-    tarballs = {base_tarball(a) for a in ARCHES}
-    files = [p for p in sorted(folder.glob(f"base-{SUITE}-*.tar")) if p not in tarballs]
+    tarballs = {base_tarball(a) for a in ARCHES} | {sysroot_tarball(a) for a in ARCHES}
+    files = [p for p in sorted(folder.glob(f"base-{SUITE}-*.tar")) + sorted(folder.glob("sysroot-*.tar"))
+             if p not in tarballs]
     current_records = {_record_path(rec.arch, rec.key) for rec in current}
     files += [p for p in sorted(_records_dir().glob("*.json")) if p not in current_records] \
         if _records_dir().is_dir() else []
@@ -452,10 +538,11 @@ def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: s
     with tempfile.TemporaryDirectory(prefix="farm-probe-", dir=images_dir()) as tmp:
         t = Path(tmp)
         (t / "probe.cpp").write_text(_PLAT_PROBE_CPP)
-        script = (f"cat {IMAGE_FACTS_PATH} > /probe/facts.json && "
-                  "g++ -O2 -shared -fPIC -pthread -o /probe/_probe.so /probe/probe.cpp")
-        engine.output(ref, ["sh", "-c", script], mounts=[Mount(t, "/probe")], network=False, arch=arch)
-        facts = json.loads((t / "facts.json").read_text())
+        facts = json.loads(engine.output(ref, ["cat", IMAGE_FACTS_PATH], network=False, arch=arch))
+        # The compiler a build uses (farm.build.hostcompiler): the image's toolchain when it has one.
+        cxx = compiler_env(facts.get("toolchain")).get("CXX", "g++")
+        engine.output(ref, [cxx, "-O2", "-shared", "-fPIC", "-pthread", "-o", "/probe/_probe.so", "/probe/probe.cpp"],
+                      mounts=[Mount(t, "/probe")], network=False, arch=arch)
         cap = _glibc_tag(facts["glibc"], arch)
         plat = facts.get("declared_plat") or _lowest_plat(t / "_probe.so", arch, t)
         if plat_glibc(plat) > plat_glibc(cap):  # never claim more than the glibc inside can give
@@ -466,7 +553,7 @@ def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: s
     pythons.sort(key=lambda p: tuple(int(x) for x in p["version"].split(".")))
     return Image(ref=ref, id=image_id, arch=arch, base=base, package_manager=facts["package_manager"],
                  glibc=facts["glibc"], plat=plat, plat_cap=cap, pythons=pythons,
-                 cuda_home=facts.get("cuda_home", ""), key=key)
+                 cuda_home=facts.get("cuda_home", ""), key=key, toolchain=facts.get("toolchain") or {})
 
 
 def _lowest_plat(so: Path, arch: str, tmp: Path) -> str:
@@ -525,7 +612,7 @@ def _host_pythons_usable(engine: Engine, ref: str, have: set[str]) -> list[dict]
 def check_plat(image: Image, plat: str) -> str:
     """The platform tag to repair for on `image`: `plat` normalised, or one-line BadInput.
 
-    Refused: a tag lower than the image's (its glibc links newer symbols, the wheel
+    Refused: a tag lower than the image's (its compiler links newer symbols, the wheel
     would lie), higher than its glibc, or for another architecture.
     """
     p = plat.strip()
@@ -538,8 +625,8 @@ def check_plat(image: Image, plat: str) -> str:
             raise BadInput("--plat", None, plat, f"image {image.ref} builds {image.arch}")
         p = f"{p}_{image.arch}"
     if want < plat_glibc(image.plat):
-        raise BadInput("--plat", None, plat, f"image {image.ref} (glibc {image.glibc}) produces {image.plat} "
-                       "at best; its glibc is newer")
+        raise BadInput("--plat", None, plat, f"image {image.ref} produces {image.plat} at best: what its "
+                       f"compiler links needs that glibc (the image's own is glibc {image.glibc})")
     if want > plat_glibc(image.plat_cap):
         raise BadInput("--plat", None, plat, f"image {image.ref} has glibc {image.glibc}; "
                        f"{image.plat_cap} is the highest it can claim")
