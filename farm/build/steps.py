@@ -245,10 +245,13 @@ class Steps:
         from farm.recipes.buildrecord import check_build_record
 
         raw = Path(self.state["compile"]["wheel"])
-        # the published record names no folder of this host (design.md §6.5): symbolic names instead
+        # The published record names no folder of the build host (design.md §6.5): the work dir is left out
+        # (the source step ran on the host, so it is the host's path even when this step runs in a container,
+        # and it says nothing to whoever installs the wheel), any other path made symbolic.
+        source = {k: v for k, v in (self.state.get("source") or {}).items() if k != "work_dir"}
         info = portable({**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
                          "toolkit": (self.state.get("toolkit") or {}).get("version"),
-                         "source": self.state.get("source")}, self.host_folders(home=True))
+                         "source": source or None}, self.host_folders(home=True))
         check_build_record(BUILD_INFO_NAME, info)   # what recover reads back (design.md §4.5)
         requires = None if self.recipe.requires_dist is None else list(self.recipe.requires_dist)
         labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell.local_label,
