@@ -2,13 +2,13 @@
 
 One table names the folders a build reads from, each with the symbolic name that stands for it:
 
-    FARM_WORK     the cell's work folder (the source tree is FARM_WORK/src)
-    FARM_ENV      the torch environment (and an overlay's base)
-    FARM_PYTHON   the Python installation the environment was made from (its include/pythonX.Y headers)
-    FARM_CUDA     the CUDA toolkit
-    FARM_CACHE    the farm's cache folder (whatever else of it a build reads)
-    FARM_PROJECT  the farm's own checkout
-    ~             the home folder
+    farm-work     the cell's work folder (the source tree is farm-work/src)
+    farm-env      the torch environment (and an overlay's base)
+    farm-python   the Python installation the environment was made from (its include/pythonX.Y headers)
+    farm-cuda     the CUDA toolkit
+    farm-cache    the farm's cache folder (whatever else of it a build reads)
+    farm-project  the farm's own checkout
+    ~             the home folder (farm_build.json only: a shell would expand it in a flag)
 
 The compile maps them in the binaries (`-ffile-prefix-map`, for gcc and through nvcc for the host
 compiler: `__FILE__` of torch's and Python's headers, the source's own asserts); the label step maps
@@ -44,15 +44,15 @@ def host_folders(*, work: Path | str | None = None, torch_env=None, python_inclu
         if text and text not in ("", "/") and not any(text == old for old, _ in pairs):
             pairs.append((text, name))
 
-    add(work, "FARM_WORK")
+    add(work, "farm-work")
     if torch_env is not None:
-        add(torch_env.path, "FARM_ENV")
-        add(torch_env.base, "FARM_ENV")
+        add(torch_env.path, "farm-env")
+        add(torch_env.base, "farm-env")
     for folder in python_include:
-        add(folder, f"FARM_PYTHON/include/{Path(folder).name}")
-    add(toolkit_home, "FARM_CUDA")
-    add(cache, "FARM_CACHE")
-    add(project, "FARM_PROJECT")
+        add(folder, f"farm-python/include/{Path(folder).name}")
+    add(toolkit_home, "farm-cuda")
+    add(cache, "farm-cache")
+    add(project, "farm-project")
     add(home, "~")
     # the longest folder first: a more specific one must win over the folder that holds it
     return sorted(pairs, key=lambda p: -len(p[0]))
