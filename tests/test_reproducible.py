@@ -24,7 +24,7 @@ from wheel_builder import pack_ext_wheel
 
 from farm.arch.archlist import ArchList
 from farm.build.ccache import cache_env, nvcc_namespace, read_stats_log, resolve_in_step
-from farm.build.compile import compile_environment
+from farm.build.compile import compile_environment, nvcc_in_own_pid_namespace
 from farm.build.hostpaths import host_folders, host_paths_in, portable, prefix_map_flags, python_include_dirs
 from farm.build.label import label_wheel, zip_time
 from farm.build.repair import repair_wheel
@@ -294,6 +294,21 @@ def test_the_namespace_follows_both_nvcc_environment_flags():
     one = nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA"})
     assert one != nvcc_namespace({"NVCC_APPEND_FLAGS": "-DB"}) != nvcc_namespace({"NVCC_PREPEND_FLAGS": "-DA"})
     assert one == nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA", "OTHER": "x"})
+
+
+def test_nvcc_in_a_pid_namespace_of_its_own_names_its_intermediate_file_the_same_every_time(toolkit, tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    env: dict[str, str] = {}
+    if not nvcc_in_own_pid_namespace(env, toolkit.nvcc):
+        pytest.skip("no pid namespace can be made here (not root, or in a container: it has its own)")
+    compile_ = ["-c", "k.cu", "-DVALUE=1", "-gencode", "arch=compute_80,code=sm_80", "-o"]
+    path = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}"}
+    for name, nvcc in (("a.o", env["PYTORCH_NVCC"]), ("b.o", env["PYTORCH_NVCC"]), ("bare.o", str(toolkit.nvcc))):
+        subprocess.run([*nvcc.split(), *compile_, name], cwd=tmp_path, env=path, check=True)
+    named = {n: host_strings((tmp_path / n).read_bytes(), ["tmpxft_"]) for n in ("a.o", "b.o", "bare.o")}
+    assert named["a.o"] == named["b.o"] == ["tmpxft_00000001_00000000-6_k.cudafe1.cpp"]
+    assert (tmp_path / "a.o").read_bytes() == (tmp_path / "b.o").read_bytes()
+    assert named["bare.o"] != named["a.o"]   # the control: nvcc's own pid, a new one every call
 
 
 # ------------------------------------------------------------------ saying what differs

@@ -12,6 +12,7 @@ returns the one wheel it made.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from farm.arch.archlist import ArchList
 from farm.build.compilelog import failure_line
@@ -122,6 +123,33 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
     for key, value in (exported or {}).items():
         env[str(key)] = str(value)
     return {k: v for k, v in env.items() if v != ""}
+
+
+@functools.cache
+def _pid_namespace_prefix() -> tuple[str, ...]:
+    """`unshare --pid --fork --kill-child --`, when this process may make a pid namespace (root on a Linux
+    host), else () (not root; a container without CAP_SYS_ADMIN, which has one of its own; Windows)."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return ()
+    prefix = (exe, "--pid", "--fork", "--kill-child", "--")
+    ok = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    return prefix if ok else ()
+
+
+def nvcc_in_own_pid_namespace(env: dict[str, str], nvcc: PurePath | str) -> bool:
+    """Make every nvcc call of torch's build the first process of a pid namespace of its own (design.md §6.5).
+
+    nvcc names its host-side intermediate file `tmpxft_<its pid>_...`, and gcc derives local symbol names
+    from it (`.strtab`): two cold builds of one build key differed there and nowhere else. In a namespace
+    of its own each call's pid is the same every time. PYTORCH_NVCC (torch's ninja files read it) gets the
+    prefix, around whatever it held (`ccache <nvcc>`), else around `nvcc`. False, and `env` unchanged,
+    where no namespace can be made; a CMake build's nvcc is not reached this way."""
+    prefix = _pid_namespace_prefix()
+    if not prefix:
+        return False
+    env["PYTORCH_NVCC"] = " ".join([*prefix, env.get("PYTORCH_NVCC") or str(nvcc)])
+    return True
 
 
 # A PEP 517 frontend run by the torch environment's Python in the source folder: the backend's

@@ -56,6 +56,7 @@ class Steps:
         self.torch_env: TorchEnv | None = None   # set by the env step
         self.toolkit: BuildToolkit | None = None   # set by the toolkit step
         self.compiler_cache: dict = {}
+        self.nvcc_pid_namespace = False   # whether each nvcc call runs in a pid namespace of its own (§6.5)
         self.phases = phases              # what this process runs (the import child serves verify)
         self.import_child: ImportChild | None = None   # verify's child, started early (see _start_import_child)
 
@@ -136,6 +137,7 @@ class Steps:
     def compile_environment(self, exported: dict) -> dict:
         """Every variable the compile gets (design.md §6.4), from the cell's platform, plus the compiler cache's."""
         from farm.build.ccache import resolve_in_step
+        from farm.build.compile import nvcc_in_own_pid_namespace
 
         r, toolkit = self.recipe, self._toolkit_provisioned()
         env = self.platform.compile_environment(
@@ -144,6 +146,7 @@ class Steps:
             exported=exported, source_date_epoch=self.source_date_epoch(), host_folders=self.host_folders())
         env.update(self.spec.compiler_cache_env)
         self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
+        self.nvcc_pid_namespace = nvcc_in_own_pid_namespace(env, toolkit.nvcc)   # §6.5: same tmpxft names
         return env
 
     def source_date_epoch(self) -> int | None:
@@ -215,7 +218,8 @@ class Steps:
         # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
         return {"wheel": str(wheel) if wheel else None, **found,
                 "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
-                "compiler_cache": cache, "peak_process_mb": progress.peak_child_mb()}
+                "compiler_cache": cache, "nvcc_pid_namespace": self.nvcc_pid_namespace,
+                "peak_process_mb": progress.peak_child_mb()}
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
