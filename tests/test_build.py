@@ -28,8 +28,11 @@ from owned import containers_mounting, own_processes, owner_env
 from wheel_builder import demo_extension
 
 from farm.arch.fatbin import read_fatbin
+from farm.build.hostpaths import host_paths_in
 from farm.build.label import read_wheel_metadata
 from farm.platforms import plat_glibc
+from farm.build.wheeldiff import host_strings
+from farm.settings import cache_dir
 
 CELL = "farm_demo-cu130-torch2.13-py311"
 EXPECTED_SASS = {75, 80, 86, 90, 100, 120}
@@ -49,6 +52,22 @@ def check_demo_wheel(wheel: Path, plat_tag: str) -> None:
     assert not any(e.variant for e in report.entries)
     bundled = [n for n in names if ".libs/" in n or "libcudart" in n or "libtorch" in n or "libc10" in n]
     assert bundled == []
+    check_no_host_path(wheel)
+
+
+def check_no_host_path(wheel: Path) -> None:
+    """Neither the wheel's farm_build.json nor its binaries name a folder of the build host (design.md
+    §6.4, §6.5): the home and cache folders, the cell's work dir, the Python the build ran (its prefix,
+    or an image's /usr/include/python3.X), the container's mount points."""
+    python = Path(json.loads((wheel.parent.parent / "spec-host.json").read_text())["python"])
+    prefix = Path(os.path.realpath(python)).parent.parent
+    needles = [os.path.expanduser("~"), str(cache_dir()), str(cache_dir() / "work" / CELL), "/farm/work",
+               "/farm/cache", "/farm/project", str(prefix / "include") if str(prefix) == "/usr" else str(prefix)]
+    with zipfile.ZipFile(wheel) as zf:
+        (info_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/farm_build.json")]
+        assert host_paths_in(json.loads(zf.read(info_name)), needles) == []
+        binaries = [n for n in zf.namelist() if ".so" in Path(n).name]
+        assert binaries and {n: host_strings(zf.read(n), needles) for n in binaries} == {n: [] for n in binaries}
 
 
 def check_floor_recorded(record: dict, wheel: Path) -> None:

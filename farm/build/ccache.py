@@ -15,7 +15,11 @@ What the farm decides, explicitly, and records in every build record (`compiler_
   two builds of the same source: a fresh copy per build (include mtimes/ctimes), __FILE__ and
   __DATE__/__TIME__, the build folder's name;
 - CCACHE_STATSLOG per build, so the record carries the per-file hit/miss of that build alone
-  (the shared counters mix concurrent builds).
+  (the shared counters mix concurrent builds);
+- CCACHE_NAMESPACE from NVCC_APPEND_FLAGS and NVCC_PREPEND_FLAGS: nvcc reads them from its
+  environment, and ccache hashes the command line, not the environment, so without it a change of
+  them (a recipe's nvcc_flags, the compile's -ffile-prefix-map) is served the object compiled
+  under the old ones (measured: `-DVALUE=2` got the `-DVALUE=1` object, a direct hit).
 
 The step expands `{NVCC}` in the environment to the toolkit's nvcc and drops the cache (recording
 why) when the runner has no ccache.
@@ -23,8 +27,10 @@ why) when the runner has no ccache.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from farm import settings
@@ -108,12 +114,26 @@ def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict:
         env.update(cache_env(enabled=False))
         return {"active": False, "why": "no ccache on the runner's PATH"}
     env["PYTORCH_NVCC"] = env["PYTORCH_NVCC"].replace(NVCC_PLACEHOLDER, str(nvcc))
+    env.update(nvcc_namespace(env))
     if env.get("CCACHE_DIR"):
         Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
     if env.get("CCACHE_STATSLOG"):
         Path(env["CCACHE_STATSLOG"]).unlink(missing_ok=True)   # this build's lines only
     version = run([exe, "--version"]).stdout.split("\n")[0]
     return {"active": True, "ccache": exe, "version": version.replace("ccache version ", "").strip()}
+
+
+NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
+
+
+def nvcc_namespace(env: Mapping[str, str]) -> dict[str, str]:
+    """{"CCACHE_NAMESPACE": ...} naming the nvcc flags `env` passes through the environment (ccache mixes
+    the namespace into every hash), or {} when it passes none. C++ compiles share the namespace: they
+    only split the same way, never hit wrongly."""
+    flags = [f"{k}={env[k]}" for k in NVCC_ENV_FLAGS if env.get(k)]
+    if not flags:
+        return {}
+    return {"CCACHE_NAMESPACE": "nvcc-" + hashlib.sha256("\n".join(flags).encode()).hexdigest()[:16]}
 
 
 HIT_COUNTERS = ("direct_cache_hit", "preprocessed_cache_hit")

@@ -12,6 +12,7 @@ returns the one wheel it made.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -22,10 +23,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from farm.arch.archlist import ArchList
 from farm.build.compilelog import failure_line
+from farm.build.hostpaths import nvcc_prefix_map_flags, prefix_map_flags
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed, CompileStalled
 from farm.process import signal_group
@@ -65,13 +67,17 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
                         max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
                         recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
                         base: Mapping[str, str] | None = None,
-                        host_compiler: Mapping[str, str] | None = None) -> dict[str, str]:
+                        host_compiler: Mapping[str, str] | None = None, source_date_epoch: int | None = None,
+                        host_folders: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
     """Every variable the compile step sets (design.md §6.4), as one dict.
 
     torch_env: a farm.build.environments.TorchEnv (its bin goes first on PATH; its nvidia/*/include
     on CPATH, where torch's CUDA headers need cusparse.h/cublas_v2.h/cusolverDn.h).
     recipe_env: the recipe's `env` (placeholders expanded); exported: what pre_build wrote to $FARM_ENV.
     host_compiler: CC, CXX, ... of the image's toolchain (farm.build.hostcompiler), over the caller's.
+    source_date_epoch: the source's date (design.md §6.5), for the backend's own zip times and any
+    __DATE__; host_folders: (folder, symbolic name) pairs (farm.build.hostpaths) mapped away in the
+    binaries by -ffile-prefix-map, for gcc directly and for nvcc's host compiler.
     """
     if max_jobs < 1 or nvcc_threads < 1:
         raise BadInput("recipe", "max_jobs" if max_jobs < 1 else "nvcc_threads",
@@ -79,8 +85,11 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
     base = os.environ if base is None else base
     env = {k: base[k] for k in PASS_THROUGH if k in base}
     flags = nvcc_flags if isinstance(nvcc_flags, str) else " ".join(shlex.quote(f) for f in nvcc_flags)
+    prefix_maps = prefix_map_flags(host_folders)
     # --threads goes LAST: nvcc takes the last occurrence, which beats a setup.py hardcode.
-    append = " ".join(p for p in (flags.strip(), f"--threads={nvcc_threads}") if p)
+    append = " ".join(p for p in (flags.strip(), *nvcc_prefix_map_flags(prefix_maps), f"--threads={nvcc_threads}")
+                      if p)
+    c_flags = " ".join(["-g0", *prefix_maps])
     cuda_line = cuda or toolkit.line
     torch_bin = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
     includes = [str(p) for p in torch_env.nvidia_include_dirs()] if torch_env is not None else []
@@ -94,8 +103,8 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
         "CMAKE_BUILD_PARALLEL_LEVEL": str(max_jobs),
         "NVCC_APPEND_FLAGS": append,
         "FORCE_CUDA": "1",
-        "CFLAGS": "-g0",
-        "CXXFLAGS": "-g0",
+        "CFLAGS": c_flags,
+        "CXXFLAGS": c_flags,
         "LIBRARY_PATH": _join(stubs, str(toolkit.lib_dir)),
         "CPATH": _join(includes),
         # pip must not read this machine's config (find-links with a CPU torch) nor reach an index.
@@ -104,6 +113,8 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PYTHONNOUSERSITE": "1",
     })
+    if source_date_epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
     env.update(toolkit.env())
     env.update(host_compiler or {})
     if torch_env is not None:
@@ -115,6 +126,33 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
     for key, value in (exported or {}).items():
         env[str(key)] = str(value)
     return {k: v for k, v in env.items() if v != ""}
+
+
+@functools.cache
+def _pid_namespace_prefix() -> tuple[str, ...]:
+    """`unshare --pid --fork --kill-child --`, when this process may make a pid namespace (root on a Linux
+    host), else () (not root; a container without CAP_SYS_ADMIN, which has one of its own; Windows)."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return ()
+    prefix = (exe, "--pid", "--fork", "--kill-child", "--")
+    ok = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    return prefix if ok else ()
+
+
+def nvcc_in_own_pid_namespace(env: dict[str, str], nvcc: PurePath | str) -> bool:
+    """Make every nvcc call of torch's build the first process of a pid namespace of its own (design.md §6.5).
+
+    nvcc names its host-side intermediate file `tmpxft_<its pid>_...`, and gcc derives local symbol names
+    from it (`.strtab`): two cold builds of one build key differed there and nowhere else. In a namespace
+    of its own each call's pid is the same every time. PYTORCH_NVCC (torch's ninja files read it) gets the
+    prefix, around whatever it held (`ccache <nvcc>`), else around `nvcc`. False, and `env` unchanged,
+    where no namespace can be made; a CMake build's nvcc is not reached this way."""
+    prefix = _pid_namespace_prefix()
+    if not prefix:
+        return False
+    env["PYTORCH_NVCC"] = " ".join([*prefix, env.get("PYTORCH_NVCC") or str(nvcc)])
+    return True
 
 
 # A PEP 517 frontend run by the torch environment's Python in the source folder: the backend's

@@ -7,7 +7,10 @@
   PyPI over the user's CUDA build); the recipe's `requires_dist`, when given,
   replaces Requires-Dist and Provides-Extra;
 - `farm_build.json` in the `.dist-info`; WHEEL `Tag:` lines equal to the file
-  name's tags; RECORD rewritten last with fresh hashes.
+  name's tags; RECORD rewritten last with fresh hashes;
+- the same bytes for the same input: entries sorted by name (the payload, then
+  the `.dist-info`, RECORD last), every entry stamped with the source's
+  SOURCE_DATE_EPOCH (design.md §6.5).
 
 The input wheel is only read; the output is written to a temporary file in the
 output folder and renamed into place.
@@ -23,6 +26,7 @@ import json
 import os
 import re
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -239,6 +243,7 @@ def label_wheel(
     requires_dist: Sequence[str] | None = None,
     build_info: Mapping | None = None,
     where: str = "recipe",
+    source_date_epoch: int | None = None,
 ) -> Path:
     """Write the labelled copy of `wheel` into `out_dir` and return its path.
 
@@ -247,6 +252,7 @@ def label_wheel(
     `requires_dist`: the recipe's list, placeholders already filled
     (substitute_requires), or None to keep the wheel's own minus the torch family.
     `build_info`: written as .dist-info/farm_build.json (cell, build key, arch list, ...).
+    `source_date_epoch`: the time every entry gets (design.md §6.5); None keeps the input's times.
     """
     wheel, out_dir = Path(wheel), Path(out_dir)
     parts = split_wheel_name(wheel.name)
@@ -292,28 +298,43 @@ def label_wheel(
         }
         dropped = {f"{old_di}/{BUILD_INFO_NAME}"}   # written anew below
 
-        # Payload first, the .dist-info last (RECORD at the very end), as installers expect.
-        ordered = sorted(
-            (i for i in infos if not i.is_dir() and i.filename not in dropped),
-            key=lambda i: i.filename.startswith(f"{old_di}/"),
-        )
+        kept: list[tuple[str, zipfile.ZipInfo | None]] = [
+            (renamed(i.filename), i) for i in infos if not i.is_dir() and i.filename not in dropped]
+        if build_info is not None:
+            kept.append((f"{new_di}/{BUILD_INFO_NAME}", None))
+        # Payload first, the .dist-info last (RECORD at the very end), as installers expect; by name within
+        # each, whatever order the backend zipped them in.
+        kept.sort(key=lambda item: (item[0].startswith(f"{new_di}/"), item[0]))
 
         def members():
-            for info in ordered:
-                data = replaced.get(info.filename)
-                yield info, renamed(info.filename), zin.read(info) if data is None else data
-            if build_info is not None:
-                text = json.dumps(dict(build_info), indent=2, sort_keys=True, default=str) + "\n"
-                yield None, f"{new_di}/{BUILD_INFO_NAME}", text.encode("utf-8")
+            for name, info in kept:
+                if info is None:
+                    text = json.dumps(dict(build_info or {}), indent=2, sort_keys=True, default=str) + "\n"
+                    yield None, name, text.encode("utf-8")
+                else:
+                    data = replaced.get(info.filename)
+                    yield info, name, zin.read(info) if data is None else data
 
-        write_wheel(target, members(), new_di)
+        write_wheel(target, members(), new_di, date_time=zip_time(source_date_epoch))
     return target
 
 
-def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, str, bytes]], dist_info: str) -> None:
+def zip_time(epoch: int | None) -> tuple[int, int, int, int, int, int] | None:
+    """A zip entry's time for SOURCE_DATE_EPOCH `epoch` (UTC, as wheel and auditwheel read it; never before
+    1980, which a zip cannot hold); None for None."""
+    if epoch is None:
+        return None
+    return max(time.gmtime(int(epoch))[:6], (1980, 1, 1, 0, 0, 0))
+
+
+def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, str, bytes]], dist_info: str,
+                date_time: tuple[int, int, int, int, int, int] | None = None) -> None:
     """Write a wheel atomically (temporary name, then rename): `members` in their order, each
     (original ZipInfo or None, name, bytes), then `<dist_info>/RECORD` with fresh hashes. A RECORD
-    or RECORD signature among `members` is left out (signatures cannot survive a rewrite)."""
+    or RECORD signature among `members` is left out (signatures cannot survive a rewrite).
+    `date_time`: every entry's time (zip_time of SOURCE_DATE_EPOCH); None keeps each member's own
+    (1980-01-01 for a new one)."""
+    first = (1980, 1, 1, 0, 0, 0)
     stale = {f"{dist_info}/RECORD", f"{dist_info}/RECORD.jws", f"{dist_info}/RECORD.p7s"}
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -324,14 +345,14 @@ def write_wheel(target: Path, members: Iterable[tuple[zipfile.ZipInfo | None, st
             for info, name, data in members:
                 if name in stale:
                     continue
-                zi = zipfile.ZipInfo(name, date_time=info.date_time if info else (1980, 1, 1, 0, 0, 0))
+                zi = zipfile.ZipInfo(name, date_time=date_time or (info.date_time if info else first))
                 zi.external_attr = info.external_attr if info else (0o644 << 16)
                 zi.compress_type = zipfile.ZIP_DEFLATED
                 zout.writestr(zi, data)
                 records.append((name, record_hash(data), str(len(data))))
             record_name = f"{dist_info}/RECORD"
             records.append((record_name, "", ""))
-            zi = zipfile.ZipInfo(record_name, date_time=(1980, 1, 1, 0, 0, 0))
+            zi = zipfile.ZipInfo(record_name, date_time=date_time or first)
             zi.external_attr = 0o644 << 16
             zi.compress_type = zipfile.ZIP_DEFLATED
             zout.writestr(zi, _record_text(records))

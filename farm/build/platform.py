@@ -31,12 +31,14 @@ class BuildPlatform(Protocol):
 
     def compile_environment(self, *, arch_list: ArchList, toolkit: BuildToolkit, torch_env, cuda: str, max_jobs: int,
                             nvcc_threads: int, nvcc_flags: str, recipe_env: Mapping[str, str],
-                            exported: Mapping[str, str]) -> dict[str, str]:
+                            exported: Mapping[str, str], source_date_epoch: int | None,
+                            host_folders: Sequence[tuple[str, str]]) -> dict[str, str]:
         """Every variable the compile step sets (design.md §6.4)."""
         ...
 
     def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat: str | None, floor_plat: str | None,
-               allow_graft: Sequence[str], wheel_abi: str, links_torch: bool) -> RepairResult:
+               allow_graft: Sequence[str], wheel_abi: str, links_torch: bool,
+               source_date_epoch: int | None) -> RepairResult:
         """The wheel made installable on its platform (design.md §6.6)."""
         ...
 
@@ -62,13 +64,13 @@ class LinuxPlatform:
         return compile_environment(**kw, host_compiler=hostcompiler.step_env())
 
     def repair(self, wheel: Path, out_dir: Path, *, torch_env, plat, floor_plat, allow_graft, wheel_abi,
-               links_torch) -> RepairResult:
+               links_torch, source_date_epoch) -> RepairResult:
         from farm.build.repair import repair_wheel
 
         # torch's own libraries are never grafted: the overlay's site-packages and its base's.
         return repair_wheel(wheel, out_dir, torch_site_packages=torch_env.site_packages_roots(), plat=plat,
                             floor_plat=floor_plat, allow_graft=allow_graft, wheel_abi=wheel_abi,
-                            platform=self.name, links_torch=links_torch)
+                            platform=self.name, links_torch=links_torch, source_date_epoch=source_date_epoch)
 
 
 def for_cell(platform: str, windows_host: WindowsHost | None = None) -> BuildPlatform:

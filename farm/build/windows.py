@@ -384,7 +384,8 @@ class WindowsPlatform:
         torch_env = kw.get("torch_env")
         bin_dirs = [str(d) for d in torch_env.bin_dirs()] if torch_env is not None else []
         msvc = find_msvc(self.host.environ, run=self.host.run, exists=self.host.exists)
-        linux = compile_environment(**kw, base=self.host.environ)
+        # cl.exe has no -ffile-prefix-map (nvcc would hand it over from NVCC_APPEND_FLAGS): no folder maps here
+        linux = compile_environment(**{**kw, "host_folders": ()}, base=self.host.environ)
         return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_bin_dirs=bin_dirs,
                                          caller=self.host.environ, isdir=self.host.isdir)
 

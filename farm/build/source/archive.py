@@ -6,6 +6,7 @@ or device files refuse the whole archive.
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import html
 import os
@@ -27,7 +28,7 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import InvalidVersion, Version
 
 from farm import settings
-from farm.build.source.base import Fetched, sources_cache
+from farm.build.source.base import ZIP_EPOCH, Fetched, sources_cache
 from farm.errors import BadInput, SourceError, UnsafeArchive
 from farm.recipes.model import unsafe_name
 
@@ -148,7 +149,24 @@ def fetch_sdist(
         archive = download(real_url, slot / archive_name(real_url), sha256, where, "source.sdist.sha256")
     extract_archive(archive, Path(dest), strip_top=True)
     shown = pypi or url
-    return Fetched("sdist", sha256, f"sdist {shown} (sha256 {sha256[:12]})", sha256=sha256)
+    return Fetched("sdist", sha256, f"sdist {shown} (sha256 {sha256[:12]})", sha256=sha256,
+                   date_epoch=archive_date(archive))
+
+
+def archive_date(archive: Path) -> int:
+    """The newest member time of a tar or zip archive: an sdist's SOURCE_DATE_EPOCH (design.md §6.5), read
+    from the archive (fixed by its sha256), not from the extracted files. ZIP_EPOCH when it holds none."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            # zip times are local wall-clock times without a zone: read as UTC, the same on every host
+            times = [calendar.timegm((*i.date_time, 0, 0, 0)) for i in zf.infolist()]
+    else:
+        try:
+            with tarfile.open(archive) as tf:
+                times = [int(m.mtime) for m in tf.getmembers()]
+        except tarfile.TarError:
+            raise SourceError(f"{Path(archive).name}: not a tar or zip archive") from None
+    return max([t for t in times if t >= ZIP_EPOCH], default=ZIP_EPOCH)
 
 
 def _link_escapes(member: str, target: str, hard: bool) -> bool:

@@ -1,5 +1,5 @@
 """What every kind of source shares: what a fetch returns, the cache folder, git's line
-that explains a failure.
+that explains a failure, the source's date (SOURCE_DATE_EPOCH, design.md §6.5).
 """
 
 from __future__ import annotations
@@ -22,6 +22,13 @@ class Fetched:
     sha256: str | None = None
     submodules: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     exclude: tuple[str, ...] = ()
+    # SOURCE_DATE_EPOCH of the tree (design.md §6.5): a function of the pin alone, never of when or
+    # where it was fetched, so two builds of one build key stamp the same times.
+    date_epoch: int = 0
+
+
+# 1980-01-01T00:00:00Z, the earliest time a zip entry can hold: the date of a source with no date of its own.
+ZIP_EPOCH = 315532800
 
 
 def sources_cache() -> Path:

@@ -146,7 +146,14 @@ def fetch_git(
     desc = f"git {url} @ {shown}" + (f" with {len(subs)} submodule(s)" if subs else "")
     if exclude:
         desc += f" without {', '.join(exclude)}"
-    return Fetched("git", sha, desc, commit=sha, submodules=tuple(sorted(subs)), exclude=exclude)
+    return Fetched("git", sha, desc, commit=sha, submodules=tuple(sorted(subs)), exclude=exclude,
+                   date_epoch=commit_date(mirror, sha))
+
+
+def commit_date(repo: Path, sha: str) -> int:
+    """The committer date of `sha` (seconds since the epoch): the source's SOURCE_DATE_EPOCH (design.md §6.5).
+    The committer date, not the author date: a rebase or cherry-pick moves it, as it changes the tree's history."""
+    return int(_git(["show", "-s", "--format=%ct", sha], cwd=repo).stdout.strip())
 
 
 def checkout(mirror: Path, url: str, sha: str, dest: Path, submodules: bool, prefix: str, where: str,

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from farm.build.source.base import Fetched
+from farm.build.source.base import ZIP_EPOCH, Fetched
 from farm.errors import BadInput
 from farm.settings import display
 
@@ -52,9 +52,12 @@ def tree_digest(root: Path) -> str:
 
 def copy_path(folder: Path, dest: Path, *, written: str, where: str = "recipe") -> Fetched:
     """Copy a local source folder (a loaded `Source.path`, `written` as the recipe has it) into `dest`;
-    the pin is its content digest. The folder must still be there when the step runs."""
+    the pin is its content digest. The folder must still be there when the step runs.
+
+    Its date is ZIP_EPOCH, fixed: the pin is the content alone, and file times (a checkout's, a
+    copy's) say when the folder was written here, not what it holds (design.md §6.5)."""
     if not folder.is_dir():
         raise BadInput(where, "source.path", written, f"no such folder ({display(folder)})")
     digest = tree_digest(folder)
     shutil.copytree(folder, dest, symlinks=True, ignore=_path_ignore(folder))
-    return Fetched("path", digest, f"path {display(folder)} (content {digest[:12]})")
+    return Fetched("path", digest, f"path {display(folder)} (content {digest[:12]})", date_epoch=ZIP_EPOCH)

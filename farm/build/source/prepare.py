@@ -45,6 +45,7 @@ class SourceResult:
     patches: tuple[tuple[str, str], ...] = ()      # (file, sha256) applied, in order
     skipped_patches: tuple[str, ...] = ()          # files whose `when` did not match
     exclude: tuple[str, ...] = ()                  # git only: paths left out of the checkout
+    source_date_epoch: int = 0                     # SOURCE_DATE_EPOCH of the tree (design.md §6.5)
 
     def key_inputs(self) -> dict:
         """The semantic inputs for the build key (design.md §5.4): no paths, no descriptions."""
@@ -68,6 +69,7 @@ class SourceResult:
             sha256=self.sha256,
             skipped_patches=list(self.skipped_patches),
             work_dir=str(self.work_dir),
+            source_date_epoch=self.source_date_epoch,
         )
         return out
 
@@ -104,7 +106,7 @@ def prepare_source(
     return SourceResult(
         work_dir=work_dir, kind=got.kind, pin=got.pin, description=desc, commit=got.commit,
         sha256=got.sha256, submodules=got.submodules, extra_sources=extras,
-        patches=applied, skipped_patches=skipped, exclude=got.exclude,
+        patches=applied, skipped_patches=skipped, exclude=got.exclude, source_date_epoch=got.date_epoch,
     )
 
 
