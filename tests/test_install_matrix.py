@@ -116,6 +116,27 @@ def test_check_install_refuses_an_unknown_installer_and_an_empty_house_in_one_li
     assert not (house / "install-matrix.json").exists()
 
 
+def test_cells_this_host_cannot_run_are_listed_as_not_checked_never_as_failures(tmp_path):
+    """An aarch64 wheel, and a py3.12 wheel on a host whose only Python is the farm's own 3.11 (an empty
+    PYENV_ROOT): nothing is installed, both cells are named with their reason, the matrix and page written."""
+    house = tmp_path / "wh"
+    publish([make_wheel(tmp_path / "in", "farm_probe_pkg", "0.3.0+cu128torch2.8", tags="cp312-cp312-manylinux_2_28_x86_64"),
+             make_wheel(tmp_path / "in", "farm_probe_pkg", "0.3.0+cu128torch2.8", tags="cp311-cp311-manylinux_2_28_aarch64")],
+            house)
+    (tmp_path / "no-pyenv" / "versions").mkdir(parents=True)
+    assert sys.version_info[:2] == (3, 11), "the farm's own Python is the one Python left"
+    res = run_farm("check-install", "--wheelhouse", str(house), env={"PYENV_ROOT": str(tmp_path / "no-pyenv")})
+    assert res.returncode == 0, res.stderr
+    assert "not checked: cu128-torch2.8-py311-aarch64: Linux aarch64 (ARM) wheels are not installed on this " \
+           "Linux x86_64 host" in res.stdout
+    assert "not checked: cu128-torch2.8-py312: no Python 3.12 on this host" in res.stdout
+    matrix = json.loads((house / "install-matrix.json").read_text())
+    assert matrix["results"] == {} and matrix["counts"] == {"works": 0, "fails": 0}
+    assert [c["id"] for c in matrix["cells"]] == ["cu128-torch2.8-py312", "cu128-torch2.8-py311-aarch64"]
+    page = (house / "install" / "index.html").read_text()
+    assert page.count(">not checked<") == 4 and "no Python 3.12 on this host" in page   # 2 cells x pip, uv
+
+
 # ---------------------------------------------------------------- the install matrix on farm_demo (slow)
 
 @pytest.fixture(scope="module")

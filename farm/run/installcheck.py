@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -151,7 +152,7 @@ def first_line(output: str) -> str:
     on the next line when that one ends in ':'), else the last useful line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     for i, line in enumerate(lines):
-        if re.match(r"(ERROR|error|×)\b|×", line):
+        if re.match(r"(ERROR:|error:|×)", line):
             if line.endswith(":") and i + 1 < len(lines):
                 line = f"{line} {lines[i + 1].lstrip('╰─▶ ').strip()}"
             return line[:400]
@@ -164,10 +165,8 @@ def _run_step(cmd: list[str], tools: Tools) -> str | None:
         proc = run(cmd, env=_env(tools), timeout=STEP_TIMEOUT)
     except OSError as exc:
         return f"{cmd[0]}: {exc.strerror or exc}"
-    except TimeoutError:
-        return f"no answer in {STEP_TIMEOUT:.0f} s"
-    except Exception as exc:   # subprocess.TimeoutExpired
-        return f"{type(exc).__name__}: {exc}"[:400]
+    except subprocess.TimeoutExpired:
+        return f"{Path(cmd[0]).name} did not finish in {STEP_TIMEOUT:.0f} s"
     return None if proc.returncode == 0 else first_line(proc.stderr + "\n" + proc.stdout)
 
 
