@@ -94,6 +94,30 @@ def test_channel_page_and_serve_say_which_pythons_a_channel_serves_and_a_line_th
         stop(proc)
 
 
+def test_the_first_line_of_a_real_pip_and_uv_failure_names_the_missing_wheel(tmp_path):
+    """What an install failure's entry says: pip's and uv's own words for a pin the channel lacks, taken from
+    real runs against the served channel (dry runs: nothing is installed)."""
+    from uv import find_uv_bin
+
+    from farm.run.installcheck import first_line
+
+    house = tmp_path / "wh"
+    publish([make_wheel(tmp_path / "in", "farm_probe_pkg", "0.3.0+cu128torch2.8")], house)
+    with served(house, tmp_path / "access.log") as url:
+        channel = f"{url}/cu128/torch2.8/"
+        pin = "farm-probe-pkg==0.4.0+cu128torch2.8"
+        pip = subprocess.run([sys.executable, "-m", *pip_words(channel, pin), "--dry-run", "--no-deps"],
+                             capture_output=True, text=True, timeout=300)
+        uv = subprocess.run([find_uv_bin(), *uv_words(channel, pin)[1:], "--dry-run", "--no-deps",
+                             "--python", sys.executable], capture_output=True, text=True, timeout=300)
+    assert pip.returncode != 0 and uv.returncode != 0
+    assert first_line(pip.stderr) == (f"ERROR: Could not find a version that satisfies the requirement {pin} "
+                                      "(from versions: 0.3.0+cu128torch2.8)")
+    line = first_line(uv.stderr)
+    assert line.startswith("error: No solution found when resolving dependencies: Because there is no version of "
+                           "farm-probe-pkg==0.4.0+cu128torch2.8"), uv.stderr
+
+
 def test_serve_says_so_when_nothing_is_published_yet(tmp_path):
     house = tmp_path / "wh"
     publish([make_wheel(tmp_path / "in", "farm_probe_pkg", "0.3.0+cu128torch2.8")], house)

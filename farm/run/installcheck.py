@@ -147,15 +147,25 @@ def _env(tools: Tools) -> dict[str, str]:
     return env
 
 
+_ERROR = re.compile(r"(ERROR:|error:|×)")
+_REASON = re.compile(r"^(cause:|╰─▶)\s*")
+
+
 def first_line(output: str) -> str:
-    """The failure's first line: pip's `ERROR: ...`, uv's `error: ...` or `× ...` (with the reason uv gives
-    on the next line when that one ends in ':'), else the last useful line."""
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    """The failure's first line: pip's `ERROR: ...`, uv's `error: ...` or `× ...` with the reason uv
+    gives below it (`cause:` or `╰─▶`, wrapped over lines) joined on, else the last useful line."""
+    lines = [ln.strip() for ln in output.splitlines()]
     for i, line in enumerate(lines):
-        if re.match(r"(ERROR:|error:|×)", line):
-            if line.endswith(":") and i + 1 < len(lines):
-                line = f"{line} {lines[i + 1].lstrip('╰─▶ ').strip()}"
-            return line[:400]
+        if not _ERROR.match(line):
+            continue
+        if i + 1 < len(lines) and _REASON.match(lines[i + 1]):
+            reason = []
+            for more in lines[i + 1:]:
+                if not more or more.startswith(("hint:", "help:")) or _ERROR.match(more):
+                    break
+                reason.append(_REASON.sub("", more))
+            line = f"{line.rstrip(':')}: {' '.join(reason)}"
+        return line[:400]
     return last_line(output, limit=400)
 
 
