@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "farm.commands.ci",
     "farm.commands.demo",
     "farm.commands.wheelhouse",
+    "farm.commands.checkinstall",
     "farm.commands.images",
     "farm.commands.verify",
     "farm.commands.pam",

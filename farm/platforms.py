@@ -12,6 +12,9 @@ import re
 from pathlib import Path
 
 PLATFORMS = ("linux", "windows", "linux_aarch64")
+# What a person reads for each platform ("any": a platform-independent wheel).
+LABELS = {"linux": "Linux x86_64", "windows": "Windows x86_64", "linux_aarch64": "Linux aarch64 (ARM)",
+          "any": "any platform"}
 X86_LANE = "x86"
 ARM_LANE = "aarch64"
 
@@ -81,6 +84,13 @@ def host_arch() -> str:
     """This machine's CPU in the farm's spelling: x86_64 or aarch64 (Windows says AMD64, macOS arm64)."""
     m = _platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def host_platform() -> str:
+    """The farm platform whose wheels this machine installs: linux, linux_aarch64 or windows."""
+    if _platform.system() == "Windows":
+        return "windows"
+    return "linux_aarch64" if host_arch() == "aarch64" else "linux"
 
 
 def meminfo_gb(field: str) -> float | None:

@@ -94,16 +94,29 @@ def exact_pin(channel: Channel, recipe=None) -> str:
     return f"{recipe.name}=={recipe.version or '<version>'}+{label}"
 
 
+def pip_words(channel_url: str, pin: str) -> list[str]:
+    """pip: the channel as the index, PyPI as extra; the exact pin decides, whatever PyPI offers.
+    The one spelling of the install line: pages, `farm find`, `farm serve` and `farm check-install`
+    (which runs it) all take it from here."""
+    return ["pip", "install", "--index-url", channel_url, "--extra-index-url", PYPI_SIMPLE, pin]
+
+
+def uv_words(channel_url: str, pin: str) -> list[str]:
+    """uv gives --extra-index-url priority, so the channel goes there and PyPI is the index."""
+    return ["uv", "pip", "install", "--index-url", PYPI_SIMPLE, "--extra-index-url", channel_url, pin]
+
+
+def command_line(words: list[str]) -> str:
+    """The words as one line to type, the pin (last) in single quotes: `==` and `+` stay literal."""
+    return " ".join(words[:-1]) + f" '{words[-1]}'"
+
+
 def install_command(channel: Channel, recipe=None) -> str:
-    """pip: the channel as the index, PyPI as extra; the exact pin decides, whatever PyPI offers."""
-    return (f"pip install --index-url {index_base()}{channel.path} --extra-index-url {PYPI_SIMPLE} "
-            f"'{exact_pin(channel, recipe)}'")
+    return command_line(pip_words(index_base() + channel.path, exact_pin(channel, recipe)))
 
 
 def uv_install_command(channel: Channel, recipe=None) -> str:
-    """uv gives --extra-index-url priority, so the channel goes there and PyPI is the index."""
-    return (f"uv pip install --index-url {PYPI_SIMPLE} --extra-index-url {index_base()}{channel.path} "
-            f"'{exact_pin(channel, recipe)}'")
+    return command_line(uv_words(index_base() + channel.path, exact_pin(channel, recipe)))
 
 
 def find(device: Gpu, platform: str, python: str, defaults: Defaults, grid, *, driver: int | None = None,

@@ -19,11 +19,10 @@ from html import escape
 from pathlib import Path
 
 from farm.errors import FarmError
-from farm.platforms import PLATFORMS
+from farm.platforms import LABELS, PLATFORMS
 from farm.versions import cuda_tag
 from farm.wheelhouse.index import write_files
 
-PLATFORM_LABELS = {"linux": "Linux x86_64", "windows": "Windows x86_64", "linux_aarch64": "Linux aarch64 (ARM)"}
 CODES = {"native": "n", "jit-only": "j", "unknown": "u", "dead": "d"}
 NOT_BUILT = "x"      # the recipe does not build this channel
 NOT_THERE = "-"      # the device does not live on the channel's platform
@@ -69,7 +68,7 @@ def find_data(defaults, grid, recipes: dict | None = None) -> dict:
                           "platforms": list(recipe.platforms)}
     return {
         "pypi": PYPI_SIMPLE,
-        "platforms": [{"id": p, "label": PLATFORM_LABELS[p]} for p in PLATFORMS],
+        "platforms": [{"id": p, "label": LABELS[p]} for p in PLATFORMS],
         "devices": [{"cc": d.cc_text, "alias": f"{d.alias[0]}.{d.alias[1]}" if d.alias else None,
                      "name": d.name, "products": list(d.products), "platforms": list(d.platforms),
                      "tegra": d.tegra, "current": d.current} for d in devices],
@@ -264,7 +263,7 @@ def render_find(title: str = "Find your CUDA wheel") -> str:
 <title>{escape(title)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>{escape(title)}</h1>
-<nav><a href="matrix/">PyTorch wheel matrix</a><a href="archs/">arch lists and coverage</a><a href="simple/">simple index</a><a href="packages.json">packages.json</a></nav>
+<nav><a href="matrix/">PyTorch wheel matrix</a><a href="install/">what installs</a><a href="archs/">arch lists and coverage</a><a href="simple/">simple index</a><a href="packages.json">packages.json</a></nav>
 <p>Pick your platform, Python and GPU (and the torch you have, if any). The answer is a channel of this
 index and an exact pin, so a same-named project on PyPI with a higher version can never win.</p>
 <form id="find" onsubmit="return false">
@@ -282,7 +281,7 @@ index and an exact pin, so a same-named project on PyPI with a higher version ca
 
 
 def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) -> list[Path]:
-    """The wheelhouse's human pages: index.html + find.json, matrix/, archs/ (design.md §10).
+    """The wheelhouse's human pages: index.html + find.json, matrix/, archs/, install/ (design.md §10).
 
     They depend on the policy, the grid and the recipes, not on the wheels
     (the find page reads packages/<project>.json live), so publishing never
@@ -290,6 +289,8 @@ def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) ->
     """
     from farm.matrix.grid import load_grid, load_pcwm
     from farm.pages.archs import render_archs
+    from farm.pages.installmatrix import PAGE as INSTALL_PAGE
+    from farm.pages.installmatrix import load_matrix, render_install_page
     from farm.pages.matrix import render_matrix
     from farm.policy import load_defaults
     from farm.recipes.reader import load_recipes
@@ -302,6 +303,7 @@ def write_site(wheelhouse, defaults=None, grid=None, recipes=None, pcwm=None) ->
     root = Path(wheelhouse)
     files = [("find.json", (json.dumps(data, separators=(",", ":"), sort_keys=True) + "\n").encode()),
              ("index.html", render_find().encode()),
+             (INSTALL_PAGE, render_install_page(load_matrix(root)).encode()),
              ("matrix/index.html", render_matrix(pcwm, grid).encode()),
              ("archs/index.html", render_archs(defaults, grid).encode())]
     write_files(root, files)

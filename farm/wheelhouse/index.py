@@ -32,7 +32,8 @@ from farm.settings import display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.manifest import KEEP_PER_CELL, ManifestEntry, fsync_dir, step
-from farm.wheelhouse.names import hyphen_name
+from farm.wheelhouse.names import channel_root, hyphen_name
+from farm.wheelhouse.offers import channel_offers, offer_body
 
 SIMPLE = "simple"
 COMPAT = "compat/comfy-env"
@@ -92,11 +93,6 @@ class Config:
             raise BadInput(display(path), "image_registry", registry,
                            "expected a repository without scheme or tag, e.g. ghcr.io/org/farm-builder")
         return cls(base.rstrip("/") if base else None, tuple(channels), registry)
-
-
-@functools.lru_cache(maxsize=1024)
-def channel_root(cuda: str, torch: str) -> str:
-    return f"{cuda_tag(cuda)}/torch{torch}"
 
 
 def channel_lines(summaries: Iterable[Summary], config: Config) -> dict[str, list[str]]:
@@ -191,6 +187,13 @@ class Site:
                 anchors = self._compat_anchors(e)
                 for folder in {hyphen_name(e.name), e.project}:
                     compat[folder].extend((a, e) for a in anchors)
+        if summaries is None:
+            by_project: dict[str, list[ManifestEntry]] = defaultdict(list)
+            for e in house.entries:
+                by_project[e.project].append(e)
+            self.offers = channel_offers({p: Summary.of(es) for p, es in by_project.items()}, house.lines)
+        else:
+            self.offers = channel_offers({p: s for p, s in summaries.items() if s.folders}, house.lines)
         if summaries is not None:
             root_projects: dict[str, set[str]] = defaultdict(set)
             folders: set[str] = set()
@@ -244,7 +247,7 @@ class Site:
     # ------------------------------------------------------------ signatures
 
     def signatures(self) -> dict[str, tuple]:
-        sig = {}
+        sig: dict[str, tuple] = {}
         y = self.house.yanked
         for key, kind in self.kind.items():
             items = self.listing[key]
@@ -252,8 +255,8 @@ class Site:
                 sig[key] = tuple((e.file, e.sha256, y.get(e.file)) for e in items)
             elif kind == "compat":
                 sig[key] = tuple((a, e.file, e.sha256) for a, e in items)
-            else:
-                sig[key] = tuple(items)
+            else:   # a channel's root also says what it serves
+                sig[key] = (tuple(items), self.offers.get(key))
         return sig
 
     def counts(self) -> dict[str, int]:
@@ -276,6 +279,8 @@ class Site:
         if kind in ("root", "compat-root"):
             title = "Simple index" if kind == "root" else "comfy-env view"
             body = [f'<a href="{escape(quote(p, safe=""))}/">{escape(p)}</a><br>' for p in items]
+            if key in self.offers:
+                body = offer_body(self.offers[key]) + body
             out = {f"{key}/index.html": _doc(title, body)}
             if kind == "root":
                 out[f"{key}/index.json"] = _json({"meta": {"api-version": API_VERSION},

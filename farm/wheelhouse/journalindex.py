@@ -24,7 +24,7 @@ from farm.wheelhouse.manifest import (
 )
 from farm.wheelhouse.names import hyphen_name
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3   # 3: a Summary says what each channel serves (`served`)
 CACHE_EVERY = 256   # journal lines read past the cache before it is rewritten
 
 
@@ -35,24 +35,31 @@ class Summary:
     linked: tuple[tuple[str, str], ...]   # (cuda, torch) of its torch-linked wheels
     free: tuple[str, ...]                 # CUDA lines of its torch-free wheels
     folders: tuple[str, ...]              # its folders in the comfy-env view
+    # (cuda, torch or "" when torch-free, platform or "any", python, version) of every wheel: what the
+    # channel pages and `farm serve` say each channel serves, without reading the project's entries
+    served: tuple[tuple[str, str, str, str, str], ...] = ()
 
     @classmethod
     def of(cls, entries: Iterable[ManifestEntry]) -> Summary:
         entries = list(entries)
         return cls(tuple(sorted({(e.cuda, e.torch) for e in entries if e.torch})),
                    tuple(sorted({e.cuda for e in entries if not e.torch})),
-                   tuple(sorted({f for e in entries for f in (hyphen_name(e.name), e.project)})))
+                   tuple(sorted({f for e in entries for f in (hyphen_name(e.name), e.project)})),
+                   tuple(sorted({(e.cuda, e.torch or "", e.platform or "any", py, e.version)
+                                 for e in entries for py in e.pythons})))
 
     def to_list(self) -> list:
-        return [[list(p) for p in self.linked], list(self.free), list(self.folders)]
+        return [[list(p) for p in self.linked], list(self.free), list(self.folders), [list(s) for s in self.served]]
 
     @classmethod
     def from_list(cls, data) -> Summary:
-        linked, free, folders = data
+        linked, free, folders, served = data
         pairs = tuple((str(c), str(t)) for c, t in linked)
-        if not all(isinstance(x, str) for x in (*free, *folders)):
+        rows = tuple(tuple(row) for row in served)
+        if not all(isinstance(x, str) for x in (*free, *folders, *(v for r in rows for v in r))) or \
+                any(len(r) != 5 for r in rows):
             raise ValueError("not a summary")
-        return cls(pairs, tuple(free), tuple(folders))
+        return cls(pairs, tuple(free), tuple(folders), rows)
 
 
 def _head_digest(head: bytes) -> str:

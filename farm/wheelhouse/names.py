@@ -7,6 +7,7 @@ Anything else is refused with one line naming the file.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from farm.errors import BadInput
 from farm.platforms import cell_suffix, from_wheel_platform_tag
-from farm.versions import cuda_from_tag
+from farm.versions import cuda_from_tag, cuda_tag
 
 _LABEL = re.compile(r"(cu\d{2,})(?:torch(\d+)\.(\d+))?")
 _CPYTHON = re.compile(r"cp(\d)(\d+)")
@@ -122,3 +123,9 @@ def served_pythons(wheel: WheelName, requires_python: str | None) -> tuple[str, 
         floor = (int(m.group(1)), int(m.group(2))) if m else PYTHON_FLOOR
     floor = max(floor, PYTHON_FLOOR) if floor[0] == 3 else PYTHON_FLOOR
     return tuple(f"3.{minor}" for minor in range(floor[1], PYTHON_CEILING[1] + 1))
+
+
+@functools.lru_cache(maxsize=1024)
+def channel_root(cuda: str, torch: str) -> str:
+    """A channel's folder in the house: `cu130/torch2.13` (design.md §9.1)."""
+    return f"{cuda_tag(cuda)}/torch{torch}"

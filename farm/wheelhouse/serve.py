@@ -39,9 +39,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
-from farm.errors import BadInput
+from farm.errors import BadInput, FarmError
 from farm.wheelhouse.manifest import house_folder
 from farm.wheelhouse.names import normalize
+from farm.wheelhouse.offers import ChannelOffer, channel_offers
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
@@ -429,6 +430,35 @@ def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=N
     return server
 
 
+def house_offers(root: Path) -> dict[str, ChannelOffer]:
+    """What each channel of the house at `root` serves, read from its journal (nothing written)."""
+    from farm.wheelhouse.index import Config, channel_lines
+    from farm.wheelhouse.journalindex import JournalIndex
+
+    idx = JournalIndex.load(root)
+    try:
+        live = {p: s for p, s in idx.summaries.items() if s.folders}
+        return channel_offers(live, channel_lines(live.values(), Config.load(root)))
+    finally:
+        idx.close()
+
+
+def startup_lines(root: Path, base_url: str) -> list[str]:
+    """Per channel: which Pythons and platforms it serves, and a pip line that installs from it as
+    served here (design.md §9.7). A journal that cannot be read costs these lines, never the serving."""
+    try:
+        offers = house_offers(root)
+    except (FarmError, OSError) as exc:
+        return [f"channels: not listed ({exc})"]
+    if not offers:
+        return ["channels: none yet (nothing published)"]
+    out = []
+    for offer in offers.values():
+        pip, _ = offer.lines(base_url)
+        out += [f"{offer.path} serves {offer.serves()} ({offer.projects} project(s))", f"  {pip}"]
+    return out
+
+
 def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None, negotiate: bool = True) -> None:
     """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off.
 
@@ -454,7 +484,10 @@ def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None
     serving = threading.Thread(target=loop, name="farm-serve")
     try:
         serving.start()
-        print(f"serving {root} on http://{shown_host}:{server.server_address[1]}/", flush=True)
+        base = f"http://{shown_host}:{server.server_address[1]}/"
+        print(f"serving {root} on {base}", flush=True)
+        for line in startup_lines(root, base):
+            print(line, flush=True)
         while serving.is_alive() and signal.sigtimedwait(STOP_SIGNALS, 0.5) is None:
             pass
     finally:

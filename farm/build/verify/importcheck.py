@@ -306,6 +306,24 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     return CheckResult.of("import", problems, [], ok, details)
 
 
+def import_installed(python: Path, links_torch: bool, w: Wheel, knobs: VerifyKnobs,
+                     library_path: Path | None = None) -> list[str]:
+    """The problems (none: it imports) of importing what wheel `w` installed into `python`'s own
+    environment (design.md §9.8: a user's venv after `pip install`), in a fresh child as §7.7 does:
+    the same modules, knobs and verdicts, torch first for a torch-linked wheel."""
+    modules, _, _ = _modules_to_import(w, knobs)
+    child = ImportChild(python, links_torch, library_path=library_path)
+    try:
+        returncode, stdout, _ = child.run(child.cwd, modules, list(knobs.expect_ops), IMPORT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return [f"imports did not finish in {IMPORT_TIMEOUT}s"]
+    events = [json.loads(ln[len("FARM-IMPORT "):]) for ln in stdout.splitlines() if ln.startswith("FARM-IMPORT ")]
+    problems, _ = _event_problems(events, knobs.expect_device_error)
+    if returncode < 0 or (returncode != 0 and not problems):
+        problems.append(_killed(events, returncode))
+    return problems
+
+
 def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None) -> Path:
     """The Python the wheel is imported with: the torch environment's, else `python`, else this one.
     GateCannotRun when there is none that fits the wheel (or a torch-linked wheel has no torch)."""
