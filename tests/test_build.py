@@ -30,8 +30,8 @@ from wheel_builder import demo_extension
 from farm.arch.fatbin import read_fatbin
 from farm.build.hostpaths import host_paths_in
 from farm.build.label import read_wheel_metadata
-from farm.platforms import plat_glibc
 from farm.build.wheeldiff import host_strings
+from farm.platforms import plat_glibc
 from farm.settings import cache_dir
 
 CELL = "farm_demo-cu130-torch2.13-py311"
