@@ -168,7 +168,8 @@ def shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> 
             yield
 
 
-def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
+def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool, recipe: dict | None = None) -> None:
+    """Debootstrap `recipe` (by default the builder's base: base_recipe) into `tarball`, atomically."""
     if os.geteuid() != 0:
         raise ImageError("debootstrap needs root (run `farm images base` as root, or import a base by hand)")
     if not shutil.which("debootstrap"):
@@ -176,13 +177,14 @@ def _debootstrap(arch: str, tarball: Path, log: Path, quiet: bool) -> None:
     if arch != host_arch():
         # Debootstrap's second stage runs the target's binaries: needs binfmt + qemu.
         setup_qemu(quiet=quiet)
-    recipe = base_recipe(arch)
+    recipe = recipe or base_recipe(arch)
+    suite = recipe["suite"]
     work = Path(tempfile.mkdtemp(prefix=f"farm-deboot-{arch}-", dir=images_dir()))
     root = work / "root"
     try:
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--arch={recipe['arch']}",
-               "--include=" + ",".join(recipe["include"]), SUITE, str(root), settings.DEBIAN_MIRROR.value()]
-        _say(f"debootstrap {SUITE} {recipe['arch']} (a few minutes; log {log})", quiet)
+               "--include=" + ",".join(recipe["include"]), suite, str(root), settings.DEBIAN_MIRROR.value()]
+        _say(f"debootstrap {suite} {recipe['arch']} (a few minutes; log {log})", quiet)
         with shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
             p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
         if p.returncode != 0:
