@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -203,7 +203,7 @@ def served_index(wheelhouse: Path, index_url: str | None) -> Iterator[str]:
 
 
 def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, files: list[str] | None = None,
-                  extra_sources: list[CPythonSource] = (), recipes: dict | None = None,
+                  extra_sources: Sequence[CPythonSource] = (), recipes: dict | None = None,
                   engine: Engine | None = None, log: Callable[[str], None] = print) -> list[OldlandResult]:
     """Check every live Linux x86_64 wheel of `wheelhouse` (or those named in `files`); the results
     are written to `out` as JSON, atomically, once all are known, each wheel's logs to the folder

@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,7 +225,7 @@ def oldland_key(arch: str, sources: list[CPythonSource]) -> str:
                       str(_RECIPE_VERSION))[:16]
 
 
-def ensure_oldland(engine: Engine | None = None, extra_sources: list[CPythonSource] = (), quiet: bool = False,
+def ensure_oldland(engine: Engine | None = None, extra_sources: Sequence[CPythonSource] = (), quiet: bool = False,
                    arch: str | None = None) -> Oldland:
     """The bullseye image with its CPythons, made once (debootstrap, each CPython, the image) and then
     found by the key in its tag."""
