@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from wheelhouse_fixtures import make_wheel, run_farm
+from wheelhouse_fixtures import make_wheel, run_farm, served
 
 from farm.errors import BadInput
 from farm.runners import images, oldland
@@ -158,3 +158,18 @@ def test_a_dsc_checksum_is_read_for_the_named_file_only():
            " bbb 20 python3.11_3.11.2-6.debian.tar.xz\nFiles:\n ccc 10 python3.11_3.11.2.orig.tar.gz\n")
     assert oldland._dsc_sha256(dsc, "python3.11_3.11.2.orig.tar.gz") == "aaa"
     assert oldland._dsc_sha256(dsc, "python3.11_3.11.2.orig.tar.xz") is None
+
+
+def test_one_wheel_from_a_given_index_url(tmp_path, extensions, userland):
+    wheels = tmp_path / "in"
+    publish([make_wheel(wheels, "oldland_ok", "0.1.0+cu130", tags="cp311-cp311-manylinux_2_31_x86_64",
+                        so=extensions["old"].read_bytes()),
+             make_wheel(wheels, "oldland_other", "0.1.0+cu130", tags="py3-none-any")], tmp_path / "wh")
+    out = tmp_path / "one.json"
+    with served(tmp_path / "wh", tmp_path / "access.log") as base:
+        proc = run_farm("check-oldland", "--wheelhouse", tmp_path / "wh", "--index-url", f"{base}/simple/",
+                        "--wheel", "oldland_ok-0.1.0+cu130-cp311-cp311-manylinux_2_31_x86_64.whl", "--out", out)
+    doc = json.loads(out.read_text())
+    assert doc["index_url"] == f"{base}/simple/"
+    assert [(r["file"].split("-")[0], r["result"]) for r in doc["results"]] == [("oldland_ok", "pass")], proc.stdout
+    assert "/simple/oldland-ok/" in (tmp_path / "access.log").read_text()   # pip asked the given index
