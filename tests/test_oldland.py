@@ -173,3 +173,18 @@ def test_one_wheel_from_a_given_index_url(tmp_path, extensions, userland):
     assert doc["index_url"] == f"{base}/simple/"
     assert [(r["file"].split("-")[0], r["result"]) for r in doc["results"]] == [("oldland_ok", "pass")], proc.stdout
     assert "/simple/oldland-ok/" in (tmp_path / "access.log").read_text()   # pip asked the given index
+
+
+def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downloads_folder(tmp_path, userland):
+    """torch 2.13 (manylinux_2_28) and its CUDA wheels install offline in bullseye and import (no GPU);
+    the wheel's module imports torch itself. A few minutes: torch's wheels are unpacked in the container."""
+    wheels = tmp_path / "in"
+    publish([make_wheel(wheels, "oldland_torchy", "0.1.0+cu130torch2.13", tags="cp311-cp311-manylinux_2_28_x86_64",
+                        payload="import torch\nDEVICES = torch.cuda.device_count()\n",
+                        metadata_extra="Requires-Dist: torch==2.13.*\n")], tmp_path / "wh")
+    out = tmp_path / "torch.json"
+    proc = run_farm("check-oldland", "--wheelhouse", tmp_path / "wh", "--out", out, check=False)
+    (result,) = json.loads(out.read_text())["results"]
+    assert (result["torch"], result["result"]) == ("2.13", "pass"), (result, proc.stdout, proc.stderr)
+    torch_log = (tmp_path / "torch-logs" / result["file"] / "torch.log").read_text()
+    assert re.search(r"Successfully installed .*torch-2\.13\.\d", torch_log)

@@ -39,8 +39,9 @@ _CELL_RECIPE = re.compile(r"(.+?)-cu\d+")
 
 # Runs in the container. The venv's pip is first brought to a current release, as users are told to:
 # the pip CPython 3.11.2 bundles (22.3.1) crashes on a PEP 691 page whose `dist-info-metadata` is a
-# dict of hashes, as the spec and this farm's index write it. Exit codes tell the steps apart: 10 venv, 11 torch, 12 the wheel (the forced
-# import then runs), 13 the import. Each step's output is kept in /check for the report.
+# dict of hashes, as the spec and this farm's index write it. Exit codes tell the steps apart: 10 venv,
+# 11 torch, 14 torch of another CUDA than the cell's, 12 the wheel (the forced import then runs),
+# 13 the import. Each step's output is kept in /check for the report.
 _SCRIPT = r"""set -u
 cd /tmp
 "$PY" -m venv /tmp/venv > /check/venv.log 2>&1 || exit 10
@@ -48,6 +49,8 @@ PIP="/tmp/venv/bin/python -m pip --disable-pip-version-check --no-input"
 $PIP install --no-index --upgrade "/downloads/$PIP_WHEEL" >> /check/venv.log 2>&1 || exit 10
 if [ -n "$TORCH" ]; then
     $PIP install --no-index --find-links /downloads "$TORCH" > /check/torch.log 2>&1 || exit 11
+    /tmp/venv/bin/python -c "import torch; print(torch.version.cuda)" > /check/torch-cuda.txt 2>> /check/torch.log
+    case "$(cat /check/torch-cuda.txt)" in "$CUDA"|"$CUDA".*) ;; *) exit 14 ;; esac
 fi
 if ! $PIP install --find-links /downloads --index-url "$INDEX" "$WANT" > /check/pip.log 2>&1; then
     # An index answers a refused tag with "no matching distribution"; the file itself says why.
@@ -142,12 +145,12 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
             mounts.append(Mount(libcuda_stub_dir(w).resolve(), "/stub", read_only=True))
             stub = "/stub"
         env = {"PY": image.pythons[python], "TORCH": f"torch=={entry.torch}.*" if entry.torch else "",
-               "INDEX": index_url, "WANT": f"{entry.name}=={entry.version}", "FILE": wheel.name, "STUB": stub, "PIP_WHEEL": pip_wheel,
+               "INDEX": index_url, "WANT": f"{entry.name}=={entry.version}", "FILE": wheel.name, "STUB": stub, "PIP_WHEEL": pip_wheel, "CUDA": entry.cuda,
                "CHILD_ARGS": json.dumps({"torch": bool(entry.torch)}), "CUDA_VISIBLE_DEVICES": "",
                "PIP_CONFIG_FILE": "/dev/null", "PYTHONDONTWRITEBYTECODE": "1"}
         res = engine.run(image.ref, ["sh", "-c", _SCRIPT], mounts=mounts, env=env, host_network=True,
                          log_path=check / "container.log", timeout=CHECK_TIMEOUT)
-        result.result, result.reason = _judge(res.exit_code, res.timed_out, check, knobs)
+        result.result, result.reason = _judge(res.exit_code, res.timed_out, check, knobs, entry.cuda)
         if res.exit_code == 12:
             result.forced_import = _first_problem(_read(check / "forced.out"), knobs) or "imports"
         logs.mkdir(parents=True, exist_ok=True)
@@ -160,13 +163,17 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def _judge(code: int, timed_out: bool, check: Path, knobs: VerifyKnobs) -> tuple[str, str]:
+def _judge(code: int, timed_out: bool, check: Path, knobs: VerifyKnobs, cuda: str) -> tuple[str, str]:
     if timed_out:
         return "fail", f"did not finish in {CHECK_TIMEOUT}s"
     if code == 10:
         return "fail", "venv: " + (_read(check / "venv.log").strip().splitlines() or ["failed"])[-1]
     if code == 11:
         return "fail", "torch: " + _pip_line(check / "torch.log")
+    if code == 14:
+        built_for = _read(check / "torch-cuda.txt").strip() or "no CUDA"
+        return "fail", (f"torch: the downloads folder's torch is built for {built_for}, "
+                        f"the cell's CUDA is {cuda}")
     if code == 12:
         direct = _pip_line(check / "direct.log")
         return "fail", direct if _PIP_REFUSAL.search(direct) else _pip_line(check / "pip.log")
