@@ -17,11 +17,14 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from wheelhouse_fixtures import make_wheel, run_farm, served
 
 from farm.errors import BadInput
+from farm.recipes.model import Verify as VerifyKnobs
+from farm.run.oldland import _knobs, check_oldland
 from farm.runners import images, oldland
 from farm.runners.engine import Engine, Mount, ensure_engine
 from farm.wheelhouse import publish
@@ -69,9 +72,17 @@ def extensions(tmp_path_factory, engine, userland) -> dict[str, Path]:
     assert sys.version_info[:2] == (3, 11), "the userland's CPython is 3.11: the host build must match it"
     host = folder / "host_ext.so"
     subprocess.run([*GCC, f"-I{sysconfig.get_paths()['include']}", "-o", str(host), str(folder / "ext.c")], check=True)
-    inside = "gcc -shared -fPIC -O1 -pthread -I/opt/python/3.11/include/python3.11 -o /x/old_ext.so /x/ext.c"
+    # ...and one that calls the driver API: it needs libcuda.so.1, as a CUDA extension linked with -lcuda does
+    (folder / "cuda_ext.c").write_text(EXT_C.replace("static PyObject *answer", "int cuInit(unsigned int);\n"
+                                                     "static PyObject *answer")
+                                       .replace("PyInit__ext(void) {", "PyInit__ext(void) { cuInit(0);"))
+    (folder / "libcuda.c").write_text("int cuInit(unsigned int flags) { return 100; }\n")
+    py = "-I/opt/python/3.11/include/python3.11"
+    inside = (f"gcc -shared -fPIC -O1 -pthread {py} -o /x/old_ext.so /x/ext.c && "
+              "gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o /x/libcuda.so /x/libcuda.c && "
+              f"gcc -shared -fPIC -O1 -pthread {py} -o /x/cuda_ext.so /x/cuda_ext.c -L/x -lcuda")
     engine.output(userland.ref, ["sh", "-c", inside], mounts=[Mount(folder, "/x")], network=False)
-    return {"host": host, "old": folder / "old_ext.so"}
+    return {"host": host, "old": folder / "old_ext.so", "cuda": folder / "cuda_ext.so"}
 
 
 def test_the_host_build_needs_a_newer_glibc_than_bullseye_and_the_bullseye_build_does_not(extensions):
@@ -188,3 +199,25 @@ def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downl
     assert (result["torch"], result["result"]) == ("2.13", "pass"), (result, proc.stdout, proc.stderr)
     torch_log = (tmp_path / "torch-logs" / result["file"] / "torch.log").read_text()
     assert re.search(r"Successfully installed .*torch-2\.13\.\d", torch_log)
+
+
+def test_a_wheel_needing_the_driver_imports_with_the_libcuda_stub_when_its_recipe_says_so(tmp_path, extensions,
+                                                                                         userland):
+    wheels, so = tmp_path / "in", extensions["cuda"].read_bytes()
+    publish([make_wheel(wheels, "oldland_driver", "0.1.0+cu130", tags="cp311-cp311-manylinux_2_31_x86_64", so=so),
+             make_wheel(wheels, "oldland_nodriver", "0.1.0+cu130", tags="cp311-cp311-manylinux_2_31_x86_64", so=so)],
+            tmp_path / "wh")
+    recipes = {"oldland_driver": SimpleNamespace(verify=VerifyKnobs(needs_driver=True))}
+    results = check_oldland(tmp_path / "wh", tmp_path / "driver.json", recipes=recipes, log=lambda _line: None)
+    got = {r.file.split("-")[0]: r for r in results}
+    assert got["oldland_driver"].result == "pass", got["oldland_driver"]
+    # the same wheel without verify.needs_driver: no stub, and the loader finds no libcuda.so.1
+    assert got["oldland_nodriver"].result == "fail"
+    assert "libcuda.so.1: cannot open shared object file" in got["oldland_nodriver"].reason
+
+
+def test_a_cell_derived_from_a_file_name_finds_its_recipes_knobs():
+    entry = SimpleNamespace(cell="farm-demo-cu130-torch2.13-py311")
+    knobs = VerifyKnobs(import_names=("farm_demo",))
+    assert _knobs(entry, {"farm_demo": SimpleNamespace(verify=knobs)}) is knobs
+    assert _knobs(entry, {"other": SimpleNamespace(verify=knobs)}) == VerifyKnobs()

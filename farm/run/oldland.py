@@ -32,6 +32,7 @@ from farm.run.cachebudget import downloads_in_use
 from farm.runners.engine import Engine, Mount
 from farm.runners.oldland import SUITE, CPythonSource, Oldland, ensure_oldland
 from farm.wheelhouse.manifest import ManifestEntry, house_folder, read_journal
+from farm.wheelhouse.names import normalize
 from farm.yamlio import write_atomic
 
 CHECK_TIMEOUT = 1800   # one wheel: a venv, torch and its CUDA wheels unpacked, the import
@@ -88,7 +89,8 @@ def _knobs(entry: ManifestEntry, recipes: dict | None) -> VerifyKnobs:
     """The recipe's verify knobs (import names, needs_driver, ...), or the defaults for a wheel of no
     known recipe (one published by hand)."""
     m = _CELL_RECIPE.match(entry.cell)
-    recipe = (recipes or {}).get(m.group(1) if m else entry.cell)
+    wanted = normalize(m.group(1) if m else entry.cell)   # a cell derived from the file name: farm-demo
+    recipe = next((r for name, r in (recipes or {}).items() if normalize(name) == wanted), None)
     return recipe.verify if recipe is not None else VerifyKnobs()
 
 
@@ -141,9 +143,10 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
         mounts = [Mount(check, "/check"), Mount(downloads, "/downloads", read_only=True),
                   Mount(wheel.parent, "/wheel", read_only=True)]
         stub = ""
-        if knobs.needs_driver:
-            mounts.append(Mount(libcuda_stub_dir(w).resolve(), "/stub", read_only=True))
-            stub = "/stub"
+        if knobs.needs_driver:   # the gate's stub is often a link into a toolkit: the container gets a copy
+            (check / "stub").mkdir()
+            shutil.copyfile((libcuda_stub_dir(w) / "libcuda.so.1").resolve(), check / "stub" / "libcuda.so.1")
+            stub = "/check/stub"
         env = {"PY": image.pythons[python], "TORCH": f"torch=={entry.torch}.*" if entry.torch else "",
                "INDEX": index_url, "WANT": f"{entry.name}=={entry.version}", "FILE": wheel.name, "STUB": stub, "PIP_WHEEL": pip_wheel, "CUDA": entry.cuda,
                "CHILD_ARGS": json.dumps({"torch": bool(entry.torch)}), "CUDA_VISIBLE_DEVICES": "",
