@@ -221,3 +221,14 @@ def test_a_cell_derived_from_a_file_name_finds_its_recipes_knobs():
     knobs = VerifyKnobs(import_names=("farm_demo",))
     assert _knobs(entry, {"farm_demo": SimpleNamespace(verify=knobs)}) is knobs
     assert _knobs(entry, {"other": SimpleNamespace(verify=knobs)}) == VerifyKnobs()
+
+
+def test_a_given_python_org_tarball_with_the_same_bytes_makes_the_same_userland(tmp_path, engine, userland,
+                                                                                monkeypatch):
+    """--cpython-source takes a minor's place by its bytes: the same tarball as Debian's gives the same
+    key, so the cached image serves (a 3.12 tarball would add /opt/python/3.12 the same way)."""
+    debian = oldland.fetch_source(oldland.DEBIAN_SOURCES["3.11"])
+    given = tmp_path / "Python-3.11.2.tar.gz"
+    given.write_bytes(debian.read_bytes())
+    monkeypatch.setattr(oldland, "_build_cpython", lambda *_a, **_kw: pytest.fail("built again"))
+    assert oldland.ensure_oldland(engine, [oldland.local_source(given)], quiet=True) == userland
