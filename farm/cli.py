@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "farm.commands.images",
     "farm.commands.verify",
     "farm.commands.pam",
+    "farm.commands.oldland",
 )
 
 

@@ -288,9 +288,10 @@ class Engine:
     def create(self, image: str, argv: list[str], mounts: Sequence[Mount] = (), env: dict[str, str] | None = None,
                workdir: str | None = None, limits: Limits | None = None, network: bool = True,
                arch: str | None = None, name: str | None = None, user: str | None = None,
-               labels: dict[str, str] | None = None) -> str:
+               labels: dict[str, str] | None = None, host_network: bool = False) -> str:
         """`create` a container (not started); returns its id. It is labelled with its owner, this
-        process, so that a later start can remove it if this process dies without doing so (reap_orphans)."""
+        process, so that a later start can remove it if this process dies without doing so (reap_orphans).
+        `host_network`: the host's network namespace, so a server on the host's 127.0.0.1 is reachable."""
         args = ["create"]
         if name:
             args += ["--name", name]
@@ -307,6 +308,8 @@ class Engine:
         args += (limits or Limits()).as_args()
         if not network:
             args.append("--network=none")
+        elif host_network:
+            args.append("--network=host")
         if arch:
             args += ["--platform", _docker_platform(arch)]
         if self.name == "podman":
