@@ -52,11 +52,13 @@ def test_the_emulated_lane_has_debians_python_and_the_ones_the_farm_builds(fresh
 
 
 def test_the_hosts_lane_lists_its_pyenv_pythons(tmp_path, monkeypatch, fresh_facts):
-    """A pyenv prefix is a folder with bin/python3: the host's lane counts it without running anything."""
+    """A pyenv prefix is a folder with bin/python3: the host's lane counts it without running anything
+    (an empty cache: no image record of this machine adds the Pythons it mounted)."""
     prefix = tmp_path / "versions" / "3.12.4" / "bin"
     prefix.mkdir(parents=True)
     (prefix / "python3").write_text("")
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setenv("FARM_CACHE", str(tmp_path / "cache"))
     have = cpython.lane_pythons(host_arch())
     assert have.get("3.12") == "this host's pyenv" and "3.11" in have
     assert "3.10" not in have and "not in the" in (cpython.why_no_python(host_arch(), "3.10") or "")

@@ -67,10 +67,11 @@ SOURCES = {s.minor: s for s in (
 )}
 # The base's own python3 (docker/install-deps.sh records it in the image as /usr/bin/python3).
 BASE_PYTHON = {"bookworm": "3.11"}
-# What the stdlib's C modules link against; the builder image has the runtime libraries only.
+# What the stdlib's C modules link against (configure finds several through pkg-config); the builder
+# image has the runtime libraries only.
 DEV_PACKAGES = ("libbz2-dev", "libexpat1-dev", "libffi-dev", "liblzma-dev", "libncursesw5-dev", "libreadline-dev",
-                "libsqlite3-dev", "libssl-dev", "uuid-dev", "zlib1g-dev")
-# No test modules (not installed, not compiled): a third of the build, and no cell imports them.
+                "libsqlite3-dev", "libssl-dev", "pkg-config", "uuid-dev", "zlib1g-dev")
+# No test modules: fewer objects to compile and install under QEMU, and no cell imports them.
 CONFIGURE = ("--disable-test-modules", "--with-ensurepip=install", "--with-system-expat")
 # What a farm step needs of the interpreter (the pyenv check of images.py, plus what the gate's import uses).
 CHECK_IMPORTS = "ssl, ctypes, zlib, bz2, lzma, sqlite3, readline, uuid, venv, ensurepip, pyexpat"
