@@ -17,6 +17,7 @@ import sys
 import nox
 
 from farm.recipes.plan import session_index
+from farm.runners.cpython import why_not_session
 
 nox.options.default_venv_backend = "none"
 
@@ -41,13 +42,15 @@ def _named_sessions(argv: list[str]) -> set[str] | None:
 
 
 def _register(cell_id: str, tags: tuple[str, ...], alone: bool) -> None:
+    cannot = why_not_session(tags)   # said in the list, and by `farm build` before any set-up
+
     def build(session: nox.Session) -> None:
         argv = [sys.executable, "-m", "farm", "build", cell_id, *session.posargs]
         if alone:   # `nox -s build-<cell>` IS `farm build <cell>`: its output, its one-line refusal, its exit code
             os.execv(sys.executable, argv)
         session.run(*argv, external=True)
 
-    build.__doc__ = f"build the wheel of cell {cell_id}"
+    build.__doc__ = f"build the wheel of cell {cell_id}" + (f" (cannot build here: {cannot})" if cannot else "")
     nox.session(name=f"build-{cell_id}", tags=list(tags), venv_backend="none")(build)
 
 

@@ -73,6 +73,8 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
 
     record = json.loads((recipes / "records" / "farm_demo.json").read_text())
     assert record["tier"] == "smoke" and record["cell"] == CELL and record["arch_list"] == "12.0+PTX"
+    # the same record is its cell's (design.md §4.5): the per-cell status counts it
+    assert json.loads((recipes / "records" / "farm_demo" / f"{CELL}.json").read_text()) == record
     assert (record["sass"], record["ptx"], record["gate"]) == (["sm_120"], ["compute_120"], "pass")
     assert record["wheel"] == wheel.name and record["wheel_bytes"] == wheel.stat().st_size
     assert record["peak_mb"] > 100 and record["steps"]["compile"] > 0 and record["wall_s"] > record["steps"]["compile"]

@@ -234,5 +234,5 @@ def test_a_run_builds_the_dependency_then_the_dependent_against_its_published_wh
 
     again = run_farm(*args, env=env)   # the dependent's key, with farm_dep's wheel in it, is served
     assert again.returncode == 0, again.stderr
-    assert "1 skipped (of 1 selected)" in again.stdout, again.stdout
+    assert "1 cell: 1 already in the wheelhouse (not rebuilt)" in again.stdout, again.stdout
     assert [e.file for e in entries(house)] == [dep.file, mine.file]

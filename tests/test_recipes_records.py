@@ -95,3 +95,80 @@ def test_the_committed_records_are_build_records_of_the_one_schema():
     from farm.recipes.status import records_dir
 
     assert read_records(records_dir())   # each checked by the schema the build writes with
+
+
+# ---------------------------------------------------------------- per-cell status (issue 35 item 2)
+
+DEMO = "farm_demo-cu130-torch2.13-py{}"
+
+
+def _cell(py: str, tier: str, date: str = "2026-12-05T10:00:00Z", **fields) -> dict:
+    return {"recipe": "farm_demo", "cell": DEMO.format(py), "tier": tier, "date": date, **fields}
+
+
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_the_table_shows_cells_built_out_of_attempted_and_each_failing_cell_with_its_reason(tmp_path):
+    """A status row written before per-cell records still counts (its cell, 1/1); a recipe's cell records
+    count every cell once, the newer record of a cell winning; a flags run is no attempt."""
+    records = tmp_path / "records"
+    _write(records / "diso.json", {"recipe": "diso", "cell": "diso-cu130-torch2.13-py312", "tier": "full",
+                                   "date": "2026-12-01T10:00:00Z"})
+    _write(records / "farm_demo.json", _cell("312", "failed", "2026-12-01T10:00:00Z", reason="an old failure"))
+    cells = [_cell("310", "full"), _cell("311", "smoke"), _cell("312", "full"),   # 312's newer record: built
+             _cell("313", "failed", reason="csrc/x.cu(3): error: no member named 'foo' on Python 3.13"),
+             _cell("314", "flags")]
+    for record in cells:
+        _write(records / "farm_demo" / f"{record['cell']}.json", record)
+    out = tmp_path / "status.md"
+    res = run_farm("recipes", "status", "--records", records, "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert _status_row(records, tmp_path, "farm_demo")["cells"] == "3/4"
+    assert _status_row(records, tmp_path, "diso")["cells"] == "1/1"
+    assert _status_row(records, tmp_path, "natten")["cells"] == ""          # never built
+    text = out.read_text()
+    section = text[text.index("## Failing cells"):]
+    assert "- **farm_demo** (3/4 built): `farm_demo-cu130-torch2.13-py313`: csrc/x.cu(3): error: no member " \
+           "named 'foo' on Python 3.13" in section
+    assert "an old failure" not in section and "diso" not in section
+    assert any(ln.startswith("farm_demo ") and " 3/4 " in ln for ln in res.stdout.splitlines())
+
+
+def test_a_build_record_goes_to_its_cell_and_to_the_status_row_only_for_the_status_cell(tmp_path):
+    from farm.recipes.reader import load_recipes
+    from farm.recipes.status import read_cell_records, save_build, status_cell_id
+
+    recipe = load_recipes()["farm_demo"]
+    records = tmp_path / "records"
+    records.mkdir()
+    status = status_cell_id(recipe)
+    other = _cell("313", "failed", reason="boom")
+    assert save_build(recipe, other, records) == records / "farm_demo.json"   # no row yet: it becomes the row
+    newer_other = {**other, "tier": "full", "date": "2026-12-06T10:00:00Z"}
+    save_build(recipe, newer_other, records)                                  # the row's own cell: replaced
+    assert read_records(records)["farm_demo"] == newer_other
+    mine = {**_cell("312", "full"), "cell": status}
+    save_build(recipe, mine, records)
+    assert read_records(records)["farm_demo"] == mine                         # the status cell takes the row
+    third = _cell("310", "failed", reason="no such header on 3.10")
+    assert save_build(recipe, third, records) == records / "farm_demo" / f"{third['cell']}.json"
+    assert read_records(records)["farm_demo"] == mine                         # another cell: its record only
+    assert read_cell_records(records)["farm_demo"] == {status: mine, other["cell"]: newer_other,
+                                                       third["cell"]: third}
+
+
+@pytest.mark.parametrize("where,record,needle", [
+    ("farm_demo/farm_demo-cu130-torch2.13-py313.json", _cell("312", "full"), "cell: 'farm_demo-cu130-torch2.13-py312'"),
+    ("farm_demo/farm_demo-cu130-torch2.13-py313.json", {**_cell("313", "full"), "recipe": "diso"}, "recipe: 'diso'"),
+    ("farm_demo/farm_demo-cu130-torch2.13-py313.json", _cell("313", "failed"), "reason"),
+])
+def test_a_bad_cell_record_is_one_line_naming_it_and_nothing_written(tmp_path, where, record, needle):
+    records = tmp_path / "records"
+    _write(records / where, record)
+    out = tmp_path / "status.md"
+    res = run_farm("recipes", "status", "--records", records, "--out", out)
+    assert_one_line_refusal(res, 2, needle)
+    assert where in res.stderr and not out.exists()

@@ -118,7 +118,7 @@ def test_first_run_publishes_the_good_cells_reports_the_broken_one_and_exits_non
     assert BROKEN in page and "deliberately broken" in page and 'class="failed"' in page
     # the summary table and the final counts are printed
     assert re.search(rf"{BROKEN}\s+failed", res.stdout) and re.search(rf"{PY312}\s+built", res.stdout)
-    assert "cells: 2 built, 1 failed (of 3 selected)" in res.stdout
+    assert "3 cells: 2 built, 1 failed in " in res.stdout
 
 
 @pytest.mark.slow
@@ -147,7 +147,7 @@ def test_second_run_builds_nothing_and_exits_zero_in_under_3_s(first_run, farm):
     elapsed = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr
     assert elapsed < 3.0, f"{elapsed:.2f}s"
-    assert "2 skipped (of 2 selected)" in res.stdout
+    assert "2 cells: 2 already in the wheelhouse (not rebuilt) in " in res.stdout
     assert {c: wheel_stat(house, c) for c in (PY311, PY312)} == before
     assert report(house)["counts"] == {"skipped": 2}
 
@@ -248,6 +248,8 @@ def test_sigint_mid_run_then_restart_rebuilds_only_the_interrupted_cell(tmp_path
         assert res.returncode == 0, res.stdout + res.stderr
         cells = assert_report_agrees_with_manifest(house)
         assert report(house)["skipped"] == [PY311] and cells[PY312]["status"] == "built"
+        # the resumed run's last count says outright that the finished cell was left alone
+        assert "2 cells: 1 already in the wheelhouse (not rebuilt), 1 built in " in res.stdout, res.stdout
         assert wheel_stat(house, PY311) == finished                  # same inode, same mtime: untouched
         assert sorted(e["cell"] for e in manifest(house)) == [PY311, PY312]
     finally:
@@ -351,7 +353,7 @@ def test_unbuildable_cells_are_left_out_and_counted_in_one_line(tmp_path):
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if "unbuildable here (" in ln)
     assert "Windows cells on a non-Windows host" in line and "CUDA 12.8: no toolkit here" in line
-    planned = re.search(r"(\d+) cells planned: 0 already built \(skipped\), (\d+) to build, (\d+) unbuildable", res.stdout)
+    planned = re.search(r"(\d+) cells planned: 0 already in the wheelhouse \(not rebuilt\), (\d+) to build, (\d+) unbuildable", res.stdout)
     total, todo, unbuildable = map(int, planned.groups())
     assert total == todo + unbuildable and todo >= 2 and unbuildable > todo
     assert f"would build {PY311}" in res.stdout and "-win" not in " ".join(
@@ -451,3 +453,16 @@ def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
     assert "done 1  failed 1  expected-fail 0  skipped 1" in text
     assert re.search(rf"{BROKEN}\s*│\s*failed", text) and "1*" in text          # clamped max_jobs is marked
     assert "unbuildable here (not selected, exit code unaffected): 1 cells" in text
+
+
+def test_the_last_count_says_how_many_finished_cells_were_left_alone():
+    """What a resumed run ends with (design.md §11.1): the cells a run before it finished are counted
+    first, in words that say they were not rebuilt; a run that built everything says only that."""
+    from collections import Counter
+
+    from farm.run.report import tally_line
+
+    resumed = Counter({"built": 3, "skipped": 9})
+    assert tally_line(resumed, 12, 2460) == "12 cells: 9 already in the wheelhouse (not rebuilt), 3 built in 41m00s"
+    assert tally_line(Counter({"built": 1}), 1, 5).startswith("1 cell: 1 built in ")
+    assert tally_line(Counter(), 0, 0) == "cells: none selected"

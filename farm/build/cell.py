@@ -33,7 +33,7 @@ from farm.recipes.plan import Plan, cell_plan
 from farm.run.admission import admit_alone
 from farm.runners import images
 from farm.runners.base import Runner
-from farm.runners.emulation import is_emulated
+from farm.runners.emulation import cell_arch, is_emulated
 from farm.runners.host import HostRunner
 
 if TYPE_CHECKING:
@@ -65,6 +65,12 @@ def refusal(cell, recipe: Recipe, runner_kind: str | None) -> tuple[str, str] | 
         return ("aarch64 cells with --runner host on an x86_64 host",
                 f"{cell.id}: an aarch64 cell on an x86_64 host needs the container runner "
                 "(QEMU emulation), not --runner host")
+    if runner_kind != "host":   # the lane's Pythons are known before its image is built (design.md §8.4)
+        from farm.runners.cpython import why_no_python
+
+        why = why_no_python(cell_arch(cell.platform), cell.python)
+        if why:
+            return why, f"{cell.id}: cannot build here: {why}"
     return None
 
 

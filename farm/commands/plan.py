@@ -88,9 +88,11 @@ def plan_command(args) -> int:
     if args.estimate:
         return estimate_command(args, plan, cells)
     if args.format == "json":
+        why = cannot_build_here(plan, cells)
         print_json([{"id": c.id, "package": c.recipe_name, "cuda": c.cuda, "torch": c.torch,
                      "torch_pin": c.torch_pin, "python": c.python, "platform": c.platform,
-                     "arch_list": c.arch.arch_list.torch(), "tags": list(c.tags)} for c in cells])
+                     "arch_list": c.arch.arch_list.torch(), "tags": list(c.tags),
+                     "cannot_build_here": why.get(c.id)} for c in cells])
         return 0
     if args.format == "github":
         from farm.run.ci import github_matrix
@@ -107,11 +109,26 @@ def plan_command(args) -> int:
         totals = [sum(counts[(n, p)] for n in names) for p in PLATFORMS]
         print(f"{'total':<28} {totals[0]:>7} {totals[1]:>8} {totals[2]:>8} {sum(totals):>7}")
         return 0
+    why = cannot_build_here(plan, cells)
     for c in cells:
-        print(f"{c.id:<60} {c.torch_pin:<8} {c.arch.arch_list}")
+        print(f"{c.id:<60} {c.torch_pin:<8} {c.arch.arch_list}" + (f"  cannot build here: {why[c.id]}"
+                                                                   if c.id in why else ""))
     if cells:
-        print(f"{len(cells)} cells")
+        print(f"{len(cells)} cells" + (f", {len(why)} of them cannot build here" if why else ""))
     return 0
+
+
+def cannot_build_here(plan, cells) -> dict[str, str]:
+    """cell id -> why this host cannot build it, from the runner's and the image's facts alone (what
+    `farm build` refuses before any set-up: a Windows cell here, needs_patch, a Python the lane lacks)."""
+    from farm.build.cell import refusal
+
+    found = {}
+    for c in cells:
+        why = refusal(c, plan.recipes[c.recipe_name], None)
+        if why:
+            found[c.id] = why[0]
+    return found
 
 
 def estimate_command(args, plan, cells) -> int:

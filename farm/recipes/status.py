@@ -6,6 +6,10 @@ with the first compiler error line); `farm recipes block NAME --why ...` writes 
 the last measured build beside the reason (`last_build`): a build recorded while blocked becomes the new
 `last_build`, and `farm recipes unblock NAME` puts it back. Every record is checked by the build record's
 one schema (farm/recipes/buildrecord.py) when written and when read.
+Every recorded build also leaves the record of its own cell (`recipes/records/<name>/<cell id>.json`,
+the same schema): `<name>.json` stays the recipe's status row (its status cell, or the one cell it holds),
+and the cell records give the per-cell status, cells built out of cells attempted, with each failing
+cell's one-line reason (design.md §4.5).
 The table (`docs/recipe-status.md`) is generated from those records and never edited by hand:
 every recipe has a row, "not built yet" when it has no record.
 """
@@ -33,8 +37,10 @@ if TYPE_CHECKING:
 STATUS_CUDA, STATUS_TORCH, STATUS_PYTHON, STATUS_PLATFORM = "13.0", "2.13", "3.12", "linux"
 NOT_BUILT = "not built yet"
 STATUS_DOC = "docs/recipe-status.md"
-COLUMNS = ("recipe", "source pin", "patches", "tier", "cell", "wall", "peak mem", "wheel", "tag", "floor", "SASS",
-           "PTX", "gate", "date", "reason")
+COLUMNS = ("recipe", "source pin", "patches", "tier", "cell", "cells", "wall", "peak mem", "wheel", "tag", "floor",
+           "SASS", "PTX", "gate", "date", "reason")
+# A cell is attempted when a build of it was recorded that made a wheel or failed; a flags run builds none.
+BUILT_TIERS, ATTEMPTED_TIERS = ("full", "smoke"), ("full", "smoke", "failed")
 
 
 def records_dir() -> Path:
@@ -146,7 +152,26 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
         line = first_error(out / "compile.log") if "compile" in (state.get("failed") or {}) else None
         line = line or re.sub(r"\s*\(log: [^)]*\)$", "", reason or "")
         record["reason"] = shorten(_portable(line, work_src, out, settings.PROJECT_ROOT))
-    return save_record(recipe.name, record)
+    return save_build(recipe, record)
+
+
+def save_build(recipe, record: dict, folder: Path | None = None) -> Path:
+    """Write a build's record as its cell's (`<name>/<cell>.json`), and as the recipe's status row when the
+    cell is the recipe's status cell, the cell that row holds already, or the row is not written yet.
+    Returns the path of the record written last."""
+    folder = Path(folder or records_dir())
+    cell_path = save_cell_record(recipe.name, record, folder)
+    held = _existing(folder / f"{recipe.name}.json", strict=False)
+    if held is None or record["cell"] in (held.get("cell"), status_cell_id(recipe)):
+        return save_record(recipe.name, record, folder)
+    return cell_path
+
+
+def save_cell_record(name: str, record: dict, folder: Path | None = None) -> Path:
+    """The record of one cell's build, replacing that cell's previous one."""
+    path = Path(folder or records_dir()) / name / f"{record['cell']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_record(path, record, settings.display(path))
 
 
 def write_blocked_record(name: str, why: str, cell: str, folder: Path | None = None) -> Path:
@@ -220,17 +245,31 @@ def read_records(folder: Path) -> dict[str, dict]:
             for path in (sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else [])}
 
 
-def read_record(path: Path) -> dict:
-    """One `<name>.json`: the build record's schema, and what a recipe's record must say besides."""
+def read_cell_records(folder: Path) -> dict[str, dict[str, dict]]:
+    """recipe -> cell id -> that cell's record, from every `<name>/<cell>.json` in `folder`, checked alike
+    (a folder older than per-cell records has none: {})."""
+    found: dict[str, dict[str, dict]] = {}
+    for path in sorted(Path(folder).glob("*/*.json")) if Path(folder).is_dir() else []:
+        record = read_record(path, recipe=path.parent.name)
+        if record["cell"] != path.stem:
+            raise BadInput(settings.display(path), "cell", record["cell"], f"the record of {path.name} must name {path.stem}")
+        found.setdefault(path.parent.name, {})[path.stem] = record
+    return found
+
+
+def read_record(path: Path, recipe: str | None = None) -> dict:
+    """One record (`<name>.json`, or a cell's `<name>/<cell>.json` with `recipe` given): the build record's
+    schema, and what a recipe's record must say besides."""
     where = settings.display(path)
+    recipe = recipe or path.stem
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BadInput(where, None, None, f"not a JSON build record: {shorten(str(exc), 120)}") from None
     if not isinstance(data, dict):
         raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
-    if data.get("recipe") != path.stem:
-        raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.stem}.json must name {path.stem}")
+    if data.get("recipe") != recipe:
+        raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.name} must name {recipe}")
     if data.get("tier") not in RECORD_TIERS:
         raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
     for key in ("cell", "date"):
@@ -308,11 +347,27 @@ def _floor(record: dict) -> str:
     return (record.get("floor") or {}).get("text") or "-"
 
 
-def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list[dict[str, str]]:
-    """One row per recipe, in name order: COLUMNS -> the text shown."""
+def cell_tally(record: dict, cells: Mapping[str, dict]) -> tuple[int, int, list[tuple[str, str]]]:
+    """(cells built, cells attempted, [(cell, reason)] of the failing ones) over a recipe's cell records and
+    its status row (a record older than per-cell records counts for its cell; of two, the newer)."""
+    latest = dict(cells)
+    if record.get("tier") in ATTEMPTED_TIERS:
+        mine = latest.get(record["cell"])
+        if mine is None or str(record.get("date")) > str(mine.get("date")):
+            latest[record["cell"]] = record
+    tried = {c: r for c, r in latest.items() if r.get("tier") in ATTEMPTED_TIERS}
+    built = sum(r["tier"] in BUILT_TIERS for r in tried.values())
+    failing = sorted((c, r.get("reason") or "") for c, r in tried.items() if r["tier"] == "failed")
+    return built, len(tried), failing
+
+
+def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict],
+                cells: Mapping[str, Mapping[str, dict]] | None = None) -> list[dict[str, str]]:
+    """One row per recipe, in name order: COLUMNS -> the text shown (`cells`: built/attempted)."""
     rows = []
     for name in sorted(recipes):
         recipe, rec = recipes[name], records.get(name, {})
+        built, tried, _ = cell_tally(rec, (cells or {}).get(name, {}))
         if rec.get("tier") == "blocked" and rec.get("last_build"):   # its figures, the block's words
             last = rec["last_build"]
             rec = {**{k: v for k, v in last.items() if k != "tier_asked"},
@@ -326,7 +381,8 @@ def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict]) -> list
             "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
             "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else "")
             + (f" ({rec['tier_note']})" if rec.get("tier_note") else ""),
-            "cell": rec.get("cell") or status_cell_id(recipe), "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
+            "cell": rec.get("cell") or status_cell_id(recipe), "cells": f"{built}/{tried}" if tried else "",
+            "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
             "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
             "tag": _tag(rec), "floor": _floor(rec),
             "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
@@ -347,6 +403,18 @@ def render_text(rows: list[dict[str, str]]) -> str:
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|") or " "
+
+
+def render_failing_cells(recipes: Mapping[str, Recipe], records: dict[str, dict],
+                         cells: Mapping[str, Mapping[str, dict]]) -> str:
+    """The section below the table: each recipe's failing cells with their one-line reasons."""
+    lines = ["## Failing cells", "",
+             "Per recipe, each recorded cell whose last build failed, with its first error line "
+             "(`cells` in the table: built, full or smoke, out of attempted, built or failed).", ""]
+    failing = [(name, cell_tally(records.get(name, {}), cells.get(name, {}))) for name in sorted(recipes)]
+    items = [f"- **{name}** ({built}/{tried} built): `{cell}`: {reason or 'no reason recorded'}"
+             for name, (built, tried, bad) in failing for cell, reason in bad]
+    return "\n".join(lines + (items or ["No recorded cell failed."])) + "\n"
 
 
 def render_markdown(rows: list[dict[str, str]], records_folder: str) -> str:
@@ -388,12 +456,13 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
     from farm.recipes.reader import load_recipes
 
     folder = Path(records_folder or records_dir())
-    records = read_records(folder)
+    records, cells = read_records(folder), read_cell_records(folder)
     recipes = load_recipes()
-    rows = status_rows(recipes, records)
+    rows = status_rows(recipes, records, cells)
     target = Path(out or status_doc())
-    write_atomic(target, render_markdown(rows, settings.display(folder)))
-    stale = sorted(set(records) - set(recipes))
+    write_atomic(target, render_markdown(rows, settings.display(folder)) + "\n"
+                 + render_failing_cells(recipes, records, cells))
+    stale = sorted((set(records) | set(cells)) - set(recipes))
     text = render_text(rows) + (f"records without a recipe (ignored): {', '.join(stale)}\n" if stale else "")
     return text, target
 

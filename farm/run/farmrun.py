@@ -69,7 +69,7 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
     build_dir = Path(options.build_dir or settings.PROJECT_ROOT / "build")
     unbuildable_total = sum(len(v) for v in sel.unbuildable.values())
     display.line(f"farm run {run_id}: {len(sel.todo) + len(sel.skipped) + unbuildable_total} cells planned: "
-                 f"{len(sel.skipped)} already built (skipped), {len(sel.todo)} to build, "
+                 f"{len(sel.skipped)} already in the wheelhouse (not rebuilt), {len(sel.todo)} to build, "
                  f"{unbuildable_total} unbuildable here; runner {sel.runner}; wheelhouse {sel.house}")
     if options.dry_run:
         for cell in sel.todo:

@@ -191,11 +191,7 @@ class Display(Terminal):
                               f"{str(c.peak_process_mb or '-'):>8}  {_why(c)}")
             if len(rows) > SUMMARY_ROWS:
                 self.line(f"... and {len(rows) - SUMMARY_ROWS} more (see the report)")
-        order = ("built", "up-to-date", "skipped", "pending", "expected-fail", "failed", "oom", "blocked",
-                 "interrupted", "not-started")
-        tally = ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
-        self.line(f"cells: {tally} (of {len(result.cells)} selected) in {_fmt_s(result.seconds)}" if tally
-                  else "cells: none selected")
+        self.line(tally_line(counts, len(result.cells), result.seconds))
         total = sum(len(v) for v in result.unbuildable.values())
         if total:
             parts = "; ".join(f"{len(ids)}: {why}" for why, ids in sorted(result.unbuildable.items(),
@@ -204,6 +200,21 @@ class Display(Terminal):
         if result.report_json:
             self.line(f"report: {result.report_json} and {result.report_html}")
         self.line(f"exit {result.exit_code}")
+
+
+# The order the final line counts statuses in; a skipped cell is one a run before this one finished.
+_TALLY_ORDER = ("skipped", "built", "up-to-date", "pending", "expected-fail", "failed", "oom", "blocked",
+                "interrupted", "not-started")
+_TALLY_WORDS = {"skipped": "already in the wheelhouse (not rebuilt)"}
+
+
+def tally_line(counts: Counter, selected: int, seconds: float) -> str:
+    """The run's last count: a resumed run says outright how many cells it found finished and left alone
+    (design.md §11.1), e.g. `12 cells: 9 already in the wheelhouse (not rebuilt), 3 built in 41 min`."""
+    tally = ", ".join(f"{counts[s]} {_TALLY_WORDS.get(s, s)}" for s in _TALLY_ORDER if counts[s])
+    if not tally:
+        return "cells: none selected"
+    return f"{selected} cell{'s' if selected != 1 else ''}: {tally} in {_fmt_s(seconds)}"
 
 
 def _jobs_text(c) -> str:
@@ -314,7 +325,7 @@ def render_html(report: dict) -> str:
             f"<style>{_STYLE}</style></head><body><h1>farm run {e(report['run'])}</h1>"
             f"<p>host {e(report['host'])}, runner {e(report['runner'])}, started {e(report['started'])}, "
             f"{_fmt_s(report['seconds'])}, exit code {e(str(report['exit_code']))}</p>"
-            f"<p>{e(counts)}; {skipped} already built (skipped, not listed)</p>"
+            f"<p>{e(counts)}; {skipped} already in the wheelhouse (not rebuilt, not listed)</p>"
             + (f"<p>Unbuildable here (not selected):</p><ul>{unb}</ul>" if unb else "")
             + "<table><tr><th>cell</th><th>status</th><th>time</th><th>wheel</th><th>log</th><th>max_jobs</th>"
               "<th>peak MB</th><th>why / excerpt</th></tr>" + "".join(rows) + "</table></body></html>\n")

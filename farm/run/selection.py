@@ -179,8 +179,11 @@ class Buildability:
                 except FarmError:
                     found = False
             else:
+                from farm.runners.cpython import buildable
+
+                # no image yet: the lane's facts answered already (refusal); a CPython the farm builds counts
                 image = self.contexts.image(arch)
-                found = image is None or image.python(cell.python) is not None   # no image yet: it will say
+                found = image is None or image.python(cell.python) is not None or buildable(arch, cell.python)
             self._python[key] = None if found else f"Python {cell.python}: not on this host or in its image"
         return self._python[key]
 

@@ -27,7 +27,7 @@ from farm.build import progress
 from farm.errors import RunnerError
 from farm.platforms import host_arch
 from farm.process import last_line, run
-from farm.runners import images, syspkgs
+from farm.runners import cpython, images, syspkgs
 from farm.runners.base import (
     CACHE_TARGET,
     ENTRYPOINT_MODULE,
@@ -110,11 +110,16 @@ class ContainerRunner:
         return str(Path(best.target) / rel) if str(rel) != "." else best.target
 
     def python(self, version: str) -> tuple[str, list[Mount]]:
+        """The interpreter for `version` and its mount: the image's own, a host pyenv prefix, or a CPython the
+        farm builds for a lane the host's cannot serve (farm/runners/cpython.py, built once, then cached)."""
         py = self.image.python(version)
+        if py is None and cpython.buildable(self.arch, version):
+            py = cpython.ensure(self.builder, version, self.engine)
         if py is None:
             raise RunnerError(f"image {self.image.ref} provides no Python {version} "
                               f"(it has {', '.join(self.image.python_versions()) or 'none'})")
-        mounts = [Mount(py["mount"], py["mount"], read_only=True)] if py.get("mount") else []
+        # a pyenv prefix is mounted where it is on the host; a built one from the cache at its fixed prefix
+        mounts = [Mount(py.get("source", py["mount"]), py["mount"], read_only=True)] if py.get("mount") else []
         return py["path"], mounts
 
     def provide_system_packages(self, packages: Mapping[str, tuple[str, ...]], where: str) -> None:
