@@ -139,7 +139,7 @@ def fetch_source(src: Source) -> Path:
     """The tarball in the cache, downloaded once and checked against the .dsc's sha256 (a mismatch
     keeps nothing)."""
     dest = source_dir() / src.filename
-    if dest.is_file() and _sha256(dest) == src.sha256:
+    if dest.is_file() and file_sha256(dest) == src.sha256:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{src.filename}.", dir=dest.parent)
@@ -147,7 +147,7 @@ def fetch_source(src: Source) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(src.url, timeout=60) as resp:
             shutil.copyfileobj(resp, fh)
-        got = _sha256(tmp)
+        got = file_sha256(tmp)
         if got != src.sha256:
             raise ImageError(f"{src.url}: sha256 {got}, Debian's .dsc says {src.sha256} (nothing kept)")
         os.replace(tmp, dest)
@@ -159,7 +159,8 @@ def fetch_source(src: Source) -> Path:
     return dest
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a source tarball (also the old userland's, farm/runners/oldland.py)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

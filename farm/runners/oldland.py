@@ -12,7 +12,6 @@ them; a second call finds the image and builds nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -30,6 +29,7 @@ from farm.errors import BadInput, ImageError
 from farm.platforms import host_arch
 from farm.process import last_line, run
 from farm.runners import images
+from farm.runners.cpython import file_sha256
 from farm.runners.engine import Engine, Mount
 from farm.yamlio import write_atomic
 
@@ -82,15 +82,7 @@ def local_source(path: Path) -> CPythonSource:
         raise BadInput("--cpython-source", None, str(path), "expected a python.org tarball named Python-X.Y.Z.tar.xz")
     if not path.is_file():
         raise BadInput("--cpython-source", None, str(path), "no such file")
-    return CPythonSource(m.group(1), _sha256(path), path=str(path.resolve()))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return CPythonSource(m.group(1), file_sha256(path), path=str(path.resolve()))
 
 
 def _dsc_sha256(dsc_text: str, name: str) -> str | None:
@@ -111,7 +103,7 @@ def fetch_source(src: CPythonSource) -> Path:
     folder = images.images_dir() / "cpython-src"
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / src.orig
-    if out.is_file() and _sha256(out) == src.sha256:
+    if out.is_file() and file_sha256(out) == src.sha256:
         return out
     try:
         with urllib.request.urlopen(src.pool_url(src.dsc), timeout=60) as r:
@@ -123,7 +115,7 @@ def fetch_source(src: CPythonSource) -> Path:
             shutil.copyfileobj(r, fh)
     except OSError as exc:
         raise ImageError(f"cannot download CPython {src.version} from Debian's pool: {exc}") from None
-    got = _sha256(part)
+    got = file_sha256(part)
     if got != src.sha256:
         part.unlink(missing_ok=True)
         raise ImageError(f"{src.orig}: sha256 {got}, but {src.dsc} lists {src.sha256}")
