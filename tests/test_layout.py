@@ -245,3 +245,4 @@ def test_no_stage_imports_one_listed_below_it():
     # top-level modules, and a shared module imports no stage at all.
     violations = order_violations()
     assert not violations, f"{len(violations)} imports against design.md §1.1's order:\n" + "\n".join(violations)
+

@@ -19,19 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm import __version__, settings
-from farm.build import progress
-from farm.build.floor import Floor, cell_floor, setting_floor
+from farm import __version__, progress, settings
+from farm.build.buildkey import KeyMaker, context_for
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
+from farm.floor import Floor, cell_floor, setting_floor
 from farm.platforms import host_arch
-from farm.recipes.buildkey import KeyMaker, context_for
 from farm.recipes.buildrecord import write_record
 from farm.recipes.cells import Cell, smoke_cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
-from farm.run.admission import admit_alone
 from farm.runners import images
+from farm.runners.admission import admit_alone
 from farm.runners.base import Runner
 from farm.runners.emulation import cell_arch, is_emulated
 from farm.runners.host import HostRunner
@@ -567,9 +566,9 @@ def _failure_line(log_path: Path, code: int) -> str:
 def outcome(cell_id: str, out: Path, result: BuildResult | None = None) -> Outcome:
     """What the summary at the end of `farm build` says, from the build folder: the wheel, the arch list
     asked for and what the gate found in the binary, the compiler cache, the logs (design.md §6.9)."""
-    from farm.build.compile import by_arch, flags_summary
+    from farm.build.compile import flags_summary
     from farm.build.display import Outcome, fmt_s
-    from farm.build.verify.expectation import arches_found
+    from farm.recipes.buildoutput import arches_found, by_arch
 
     def read(name: str) -> dict:
         try:

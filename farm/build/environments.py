@@ -33,11 +33,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from farm import settings
+from farm import cachebudget, settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
 from farm.errors import BadInput, EnvironmentFailed, TorchMismatch
 from farm.process import last_useful_lines, run
-from farm.run import cachebudget
 from farm.settings import cache_dir, defaults_dir, display
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml

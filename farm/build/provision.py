@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from farm import settings
+from farm import cachebudget, settings
 from farm.build.downloads import DownloadSet, Index, download, find_manifest
 from farm.build.libcudastub import ensure_libcuda_stub, stub_cached_toolkit
 from farm.build.toolkit import (
@@ -32,7 +32,6 @@ from farm.build.toolkit import (
 )
 from farm.errors import BadInput, ToolkitUnavailable
 from farm.platforms import host_arch
-from farm.run import cachebudget
 from farm.settings import cache_dir
 from farm.versions import vtuple
 

@@ -31,7 +31,7 @@ from pathlib import Path, PurePath
 from typing import Protocol
 
 from farm import settings
-from farm.arch.archlist import ArchList, ArchToken
+from farm.archlist import ArchList, ArchToken
 from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
 from farm.platforms import host_arch
 from farm.process import run

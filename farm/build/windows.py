@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PureWindowsPath
 
-from farm.arch.archlist import ArchList, ArchToken
+from farm.archlist import ArchList, ArchToken
 from farm.build.toolkit import COMPONENT_HEADER, NVCC_RELEASE, normalise_components, unemittable
 from farm.errors import NotBuildableHere, ToolkitCannotEmit, ToolkitUnavailable, WindowsToolchainMissing
 from farm.versions import vtuple

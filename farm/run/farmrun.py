@@ -24,9 +24,9 @@ from pathlib import Path
 
 from farm import settings
 from farm.recipes.plan import Filters
-from farm.run.admission import mem_available_gb
 from farm.run.scheduling import Scheduler, default_jobs
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
+from farm.runners.admission import mem_available_gb
 
 
 @dataclass

@@ -248,8 +248,8 @@ def check_cell(cell: Cell, tools: Tools, installers: Iterable[str]) -> dict[str,
 def _import_problem(python: Path, package: Package, tools: Tools) -> str | None:
     """None when the package imports in the venv as the gate would import it, else the first problem."""
     from farm.build.verify.importcheck import import_installed, libcuda_stub_dir
-    from farm.build.verify.wheel import Wheel
     from farm.recipes.model import Verify
+    from farm.wheelhouse.wheelfile import Wheel
 
     workdir = Path(tempfile.mkdtemp(prefix="import-", dir=tools.work))
     wheel = Wheel(tools.root / FILES / package.project / package.file, workdir)

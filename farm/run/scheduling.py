@@ -26,9 +26,9 @@ from pathlib import Path
 
 from farm import settings
 from farm.process import useful_lines
-from farm.run.admission import admit_jobs
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
+from farm.runners.admission import admit_jobs
 from farm.runners.emulation import is_emulated
 
 OOM_PATTERNS = ("Killed signal terminated program", "died due to signal 9", "out of memory", "Out of memory",

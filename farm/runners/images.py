@@ -6,7 +6,7 @@ together (builder_key hashes all three), and splitting it would split that key.
 Production builds FROM quay.io/pypa/manylinux_2_28_{x86_64,aarch64}. Where no registry
 is reachable (here), the base is debootstrapped Debian bookworm imported into the
 engine, with a debootstrapped Debian bullseye added at /opt/farm-sysroot: the sysroot the
-image's host compiler builds against (glibc 2.31, gcc 10; farm/build/hostcompiler.py).
+image's host compiler builds against (glibc 2.31, gcc 10; farm/runners/hostcompiler.py).
 Everything heavy is cached under cache_dir()/images and keyed by a hash of
 its recipe, so nothing is rebuilt unless the recipe (package list, Dockerfile,
 install script) changed.
@@ -30,13 +30,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from farm import settings
-from farm.build import progress
-from farm.build.hostcompiler import compiler_env
+from farm import progress, settings
 from farm.errors import BadInput, EngineError, ImageError
 from farm.platforms import host_arch, plat_glibc
 from farm.process import last_line, run
 from farm.runners.engine import Engine, Mount, full_id
+from farm.runners.hostcompiler import compiler_env
 from farm.settings import PROJECT_ROOT, cache_dir
 from farm.yamlio import write_atomic
 
@@ -322,7 +321,7 @@ class Image:
     layer_of_id: str = ""
     system_packages: list[str] = field(default_factory=list)
     # The host compiler a build uses when it is not the image's own gcc: {bin, sysroot, gcc, glibc}
-    # (docker/install-deps.sh, farm/build/hostcompiler.py). Empty on a manylinux image.
+    # (docker/install-deps.sh, farm/runners/hostcompiler.py). Empty on a manylinux image.
     toolchain: dict = field(default_factory=dict)
 
     @property
@@ -539,7 +538,7 @@ def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: s
         t = Path(tmp)
         (t / "probe.cpp").write_text(_PLAT_PROBE_CPP)
         facts = json.loads(engine.output(ref, ["cat", IMAGE_FACTS_PATH], network=False, arch=arch))
-        # The compiler a build uses (farm.build.hostcompiler): the image's toolchain when it has one.
+        # The compiler a build uses (farm.runners.hostcompiler): the image's toolchain when it has one.
         cxx = compiler_env(facts.get("toolchain")).get("CXX", "g++")
         engine.output(ref, [cxx, "-O2", "-shared", "-fPIC", "-pthread", "-o", "/probe/_probe.so", "/probe/probe.cpp"],
                       mounts=[Mount(t, "/probe")], network=False, arch=arch)

@@ -54,7 +54,7 @@ def context_for(platform: str, runner: str, plat: str | None = None) -> BuildCon
         return BuildContext("windows", "msvc", "win_amd64")
     if runner == "host":
         return BuildContext("host", "host", plat or "")
-    from farm.build import hostcompiler
+    from farm.runners import hostcompiler
     from farm.runners.images import base_ref, builder_key
 
     arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
