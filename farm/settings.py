@@ -139,6 +139,12 @@ def ccache_dir() -> Path:
     return Path(own) if own else cache_dir() / "ccache"
 
 
+def work_dir(cell_id: str) -> Path:
+    """A cell's work folder on this machine, cache_dir()/work/<cell id>: its source tree and build tree,
+    shared by every build of the cell here (one at a time, under work_dir(".locks")/<cell id>.lock)."""
+    return cache_dir() / "work" / cell_id
+
+
 def wheelhouse_dir() -> Path:
     """The project's wheelhouse (farm run, farm demo)."""
     return _path(WHEELHOUSE, PROJECT_ROOT / "wheelhouse")

@@ -99,7 +99,7 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
 
     state = _read_json(out / "steps.json")
     source = state.get("source") or {}
-    work_src = Path(source.get("work_dir") or settings.cache_dir() / "work" / cell.id / "src")
+    work_src = Path(source.get("work_dir") or settings.work_dir(cell.id) / "src")
     report = _read_json(out / "verify.json")
     union = arches_found(report)
     build = build or {}

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 from farm import settings
 from farm.errors import BadInput, FarmError
+from farm.platforms import cell_arch
 from farm.policy import DEFAULT_PEAK_GB_PER_JOB
 from farm.recipes.cells import Cell
 from farm.recipes.plan import Filters, Plan, full_plan, in_shard
 from farm.run.report import iso_utc
-from farm.runners.emulation import cell_arch, is_emulated
+from farm.runners.emulation import is_emulated
 
 if TYPE_CHECKING:   # the engine is looked for only when a cell needs an image
     from farm.runners.engine import Engine
