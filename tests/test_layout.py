@@ -246,3 +246,24 @@ def test_no_stage_imports_one_listed_below_it():
     violations = order_violations()
     assert not violations, f"{len(violations)} imports against design.md §1.1's order:\n" + "\n".join(violations)
 
+
+def _subprocess_importers() -> set[str]:
+    found = set()
+    for name, path in MODULES.items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "subprocess" or n.startswith("subprocess.") for n in names):
+                found.add(name)
+    return found
+
+
+def test_only_farm_process_starts_processes_or_each_exception_says_why():
+    # issue 36: farm/process.py is the one way to start a child; a module that still imports subprocess
+    # is named in its docstring with the reason, and a name there that no longer needs it is stale.
+    from farm import process
+
+    named = dict(re.findall(r"^- (farm/[\w/]+\.py): (\S.*)$", (process.__doc__ or "").partition("Exceptions")[2], re.M))
+    exceptions = {module_name(ROOT / path) for path in named}
+    importers = _subprocess_importers() - {"farm.process"}
+    assert importers <= exceptions, f"import subprocess without a reason in farm/process.py: {sorted(importers - exceptions)}"
+    assert exceptions <= importers, f"named in farm/process.py but no longer importing subprocess: {sorted(exceptions - importers)}"

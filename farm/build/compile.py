@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from farm.build.compilelog import failure_line
 from farm.build.hostpaths import nvcc_prefix_map_flags, prefix_map_flags
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed, CompileStalled
-from farm.process import signal_group
+from farm.process import Popen, TimeoutExpired, run, signal_group, spawn
 from farm.recipes.buildoutput import by_arch, flags_differences, sample_text, waived_text
 
 # Caller variables a build may legitimately need; everything else starts clean.
@@ -137,7 +136,7 @@ def _pid_namespace_prefix() -> tuple[str, ...]:
     if exe is None:
         return ()
     prefix = (exe, "--pid", "--fork", "--kill-child", "--")
-    ok = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    ok = run([*prefix, "true"]).returncode == 0
     return prefix if ok else ()
 
 
@@ -253,8 +252,7 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
               stall: float | None = None) -> int | str:
     """Run `cmd` in its own process group, its output to the file `out`; stop the whole group past `limit`
     seconds ("timeout"), or once `out` has not grown for `stall` seconds ("stalled": hung, design.md §6.4)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = spawn(cmd, out, cwd=cwd, env=env)
     start = last = time.monotonic()
     size = -1
     poll = min(1.0, stall / 10) if stall else None   # a test's 2 s limit is seen within 0.2 s
@@ -264,7 +262,7 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
             wait = [x for x in (poll, None if limit is None else start + limit - now) if x is not None]
             try:
                 return proc.wait(timeout=max(0.0, min(wait)) if wait else None)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 now = time.monotonic()
             if limit is not None and now - start >= limit:
                 _stop_group(proc)
@@ -281,10 +279,10 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
         raise
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: Popen) -> None:
     """SIGTERM the group, SIGKILL whatever is left 10 s later (the group outlives its leader)."""
     signal_group(proc, hard=False)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    with contextlib.suppress(TimeoutExpired):
         proc.wait(timeout=10)
     signal_group(proc, hard=True)
     proc.wait()

@@ -504,8 +504,9 @@ def unblock_command(args) -> int:
 
 def rebuild_command(args) -> int:
     """One build at a time (each may use every core), records written even when a build fails."""
-    import subprocess
     import sys
+
+    from farm.process import call
 
     if args.arch is not None and args.tier != "smoke":
         raise BadInput("farm recipes rebuild", "--arch", args.arch, "only the smoke tier builds one chosen token")
@@ -528,7 +529,7 @@ def rebuild_command(args) -> int:
         elif args.tier == "flags":
             argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes is not None else [])
         print(f"$ farm {' '.join(argv[3:])}", flush=True)
-        if subprocess.run(argv).returncode != 0:
+        if call(argv) != 0:
             failed.append(cell)
     text, target = generate()
     print(text, end="")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from farm.errors import BadInput, FarmError
 from farm.pages.installmatrix import MATRIX_FILE, PAGE, WORKS, render_install_page
 from farm.platforms import LABELS, cell_suffix, host_platform
-from farm.process import last_line, run
+from farm.process import TimeoutExpired, last_line, run
 from farm.settings import cache_dir, display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.index import FILES, Config, House, channel_root
@@ -175,7 +174,7 @@ def _run_step(cmd: list[str], tools: Tools) -> str | None:
         proc = run(cmd, env=_env(tools), timeout=STEP_TIMEOUT)
     except OSError as exc:
         return f"{cmd[0]}: {exc.strerror or exc}"
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         return f"{Path(cmd[0]).name} did not finish in {STEP_TIMEOUT:.0f} s"
     return None if proc.returncode == 0 else first_line(proc.stderr + "\n" + proc.stdout)
 

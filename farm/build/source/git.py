@@ -12,7 +12,6 @@ import os
 import posixpath
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -21,13 +20,13 @@ from filelock import FileLock
 
 from farm.build.source.base import Fetched, git_error_line, sources_cache
 from farm.errors import BadInput, SourceError, shorten
-from farm.process import run
+from farm.process import CompletedProcess, run
 from farm.recipes import gitsparse
 from farm.recipes.model import FULL_SHA
 
 
 def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True,
-         input: str | None = None) -> subprocess.CompletedProcess:
+         input: str | None = None) -> CompletedProcess:
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_ASKPASS="true")
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
