@@ -21,7 +21,8 @@ from pathlib import Path
 
 from farm import progress
 from farm.process import last_line, useful_lines
-from farm.recipes.buildoutput import CMAKE_PERCENT, NINJA, first_error
+from farm.progress import CMAKE_PERCENT, NINJA
+from farm.recipes.buildoutput import first_error
 
 SOURCE_FILE = re.compile(r"(?:^|\s)(?:-c\s+)?['\"]?([^\s'\"]+\.(?:cu|cpp|cc|cxx|c|C|mm|m))['\"]?(?=\s|$)")
 CMAKE_OBJECT = re.compile(r"Building \w+ object (?:\S*?\.dir/)?(\S+?)\.(?:o|obj)$")

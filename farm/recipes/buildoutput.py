@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# How far a compile is, as its build tool prints it: ninja's `[n/N] ...`, CMake Makefiles' `[ NN%] ...`.
-NINJA = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
-CMAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
+from farm import progress
 
 # Errors a compiler or linker locates, in the forms nvcc, cudafe++, gcc/clang and ld print them.
 _LOCATED = (
@@ -34,7 +32,7 @@ EXCERPT_LINES = 2   # the source line and caret a compiler prints under its erro
 def _is_noise(line: str) -> bool:
     """The frontend's own notes (`$ cd ...`, `# exit 1 ...`) and ninja/CMake status lines, which quote
     whole command lines (full of -Werror and *error* paths)."""
-    return line.startswith(("#", "$")) or bool(NINJA.match(line)) or bool(CMAKE_PERCENT.match(line))
+    return line.startswith(("#", "$")) or bool(progress.NINJA.match(line)) or bool(progress.CMAKE_PERCENT.match(line))
 
 
 def first_error_lines(source: str | Path, excerpt: int = EXCERPT_LINES) -> list[str]:
