@@ -24,7 +24,7 @@ from .figures import Figure
 
 DEFAULT_CELLS = ("farm_demo-cu130-torch2.13-py311", "nvdiffrec_render-cu130-torch2.13-py312",
                  "diso-cu130-torch2.13-py312")
-COMPILERS = ("toolchain", "image")   # farm.build.hostcompiler.CHOICES: measured, baseline
+COMPILERS = ("toolchain", "image")   # farm.runners.hostcompiler.CHOICES: measured, baseline
 GOAL = 1.15
 
 

@@ -14,7 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from farm.build import progress
+from farm import progress
 from farm.build.compilelog import CompileWatch
 from farm.build.display import StepDisplay
 

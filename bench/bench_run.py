@@ -33,7 +33,7 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 
 def _full_manifest(house: Path) -> int:
     """manifest.jsonl with one entry per cell of the full grid, keyed as `farm run --runner host` keys it."""
-    from farm.recipes.buildkey import KeyMaker
+    from farm.build.buildkey import KeyMaker
     from farm.recipes.plan import full_plan
     from farm.run.selection import Contexts
     from farm.wheelhouse import ManifestEntry

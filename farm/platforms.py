@@ -28,6 +28,11 @@ def lane(platform: str) -> str:
     return ARM_LANE if platform == "linux_aarch64" else X86_LANE
 
 
+def cell_arch(platform: str) -> str:
+    """The machine a cell's platform builds for: linux_aarch64 -> aarch64, else x86_64."""
+    return "aarch64" if platform == "linux_aarch64" else "x86_64"
+
+
 def from_pcwm(pcwm_platform: str) -> str:
     return _FROM_PCWM[pcwm_platform]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from farm import settings
-from farm.arch.archlist import ArchList, ArchToken, parse_token
+from farm.archlist import ArchList, ArchToken, parse_token
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.versions import vtuple
@@ -253,7 +253,7 @@ def load_grid_policy(path: Path) -> GridPolicy:
         fallback[platform] = (r.version(combo.get("cuda"), f"{key}.cuda"), r.version(combo.get("torch"), f"{key}.torch"))
     floors = {}
     for platform, tag in r.mapping(data.get("manylinux_floor", {}), "manylinux_floor").items():
-        from farm.build.floor import floor_problem
+        from farm.floor import floor_problem
 
         key = f"manylinux_floor[{platform}]"
         if platform not in ("linux", "linux_aarch64"):

@@ -1,16 +1,20 @@
-"""Running a child process and reporting its failure in one line.
+"""Starting a child process, and reporting its failure in one line: the one module of farm/ that
+imports `subprocess` (tests/test_layout.py checks it; issue 36).
 
 `run` is the farm's one way to run a command whose output is read after it ends
 (text, captured) and whose failure becomes a FarmError naming the command and
 the line of its output that explains it. `useful_lines`, `last_useful_lines` and
 `last_line` pick that line out of a child's output or a log file. `stream` is `run` for a
 child whose output tells how far it is (pip's download progress): each stdout line is handed
-on as it comes.
+on as it comes. `call` runs a child with its output going to a log file (or to this process's
+own terminal) and returns its exit code; `spawn` starts one like that and returns it running,
+by default in a process group of its own, for a caller that polls it, waits with a limit or
+watches its log (a build step, a compile, a cell of `farm run`); `signal_group` stops such a
+group. A caller meets `CompletedProcess`, `Popen`, `TimeoutExpired` and `DEVNULL` here too.
 
-Calls with special handling stay on `subprocess` itself: a step streamed to a
-log (compile, host runner, scheduler), Popen with a process group or a signal
-to forward (engine, verify's import child), and seams a test replaces
-(windows' `run=` parameter).
+Exceptions, each a module that still imports `subprocess` itself, and why:
+- farm/build/verify/importcheck.py: the gate's import child is long-lived and spoken to over
+  its stdin and stdout pipes, one import per request; none of the calls above hands out pipes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
+from subprocess import DEVNULL as DEVNULL  # re-exported: the names a caller of call() and spawn() meets
+from subprocess import CompletedProcess as CompletedProcess
+from subprocess import Popen as Popen
+from subprocess import TimeoutExpired as TimeoutExpired
+from typing import IO
 
 from farm.errors import FarmError
 
@@ -61,15 +70,17 @@ def last_line(source: str | PathLike, *, prefer: Callable[[str], object] | None 
     return line[:limit] if limit else line
 
 
-def run(cmd: Sequence[str | PathLike], *, cwd: str | PathLike | None = None, env: Mapping[str, str] | None = None,
+def run(cmd: Sequence[str | PathLike] | str, *, cwd: str | PathLike | None = None, env: Mapping[str, str] | None = None,
         timeout: float | None = None, input: str | None = None, error: type[FarmError] | None = None,
         what: str = "", explain: Callable[[str], str] = last_line) -> subprocess.CompletedProcess[str]:
     """Run `cmd` to its end with stdout and stderr captured as text.
 
     With `error` set, a nonzero exit raises error(f"{what}: {explain(stderr)}"); without it the
     caller reads returncode itself. A timeout raises subprocess.TimeoutExpired as subprocess.run does.
+    A string `cmd` is handed on whole: Windows' cmd.exe line, which a list would quote again.
     """
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=None if env is None else dict(env),
+    args = cmd if isinstance(cmd, str) else [str(c) for c in cmd]
+    proc = subprocess.run(args, cwd=cwd, env=None if env is None else dict(env),
                           timeout=timeout, input=input, capture_output=True, text=True)
     if error is not None and proc.returncode != 0:
         raise error(f"{what}: {explain(proc.stderr)}")
@@ -104,3 +115,30 @@ def stream(cmd: Sequence[str | PathLike], on_line: Callable[[str], None], *, cwd
     code = proc.wait()
     reader.join()
     return subprocess.CompletedProcess(args, code, "".join(out), "".join(err))
+
+
+Output = IO[bytes] | int | None   # an open binary file, DEVNULL, or None: this process's own stdout
+
+
+def spawn(cmd: Sequence[str | PathLike], out: Output = None, *, cwd: str | PathLike | None = None,
+          env: Mapping[str, str] | None = None, own_group: bool = True) -> Popen[bytes]:
+    """Start `cmd` with stdin from /dev/null and its stdout and stderr both to `out`, and return it running.
+
+    own_group: a session of its own, so that signal_group() stops the compilers it starts as well and a
+    terminal's Ctrl-C reaches the farm only, which then stops the group itself."""
+    return subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=None if env is None else dict(env),
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=own_group)
+
+
+def call(cmd: Sequence[str | PathLike], out: Output = None, *, cwd: str | PathLike | None = None,
+         env: Mapping[str, str] | None = None, timeout: float | None = None) -> int:
+    """Run `cmd` to its end as spawn(own_group=False) starts it; its exit code. Past `timeout` seconds
+    the child is killed and TimeoutExpired raised, as subprocess.run does."""
+    proc = spawn(cmd, out, cwd=cwd, env=env, own_group=False)
+    try:
+        return proc.wait(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise

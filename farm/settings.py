@@ -131,6 +131,20 @@ def cache_dir() -> Path:
     return _path(CACHE, Path.home() / ".cache" / "farm")
 
 
+def ccache_dir() -> Path:
+    """cache_dir()/ccache, or FARM_CCACHE_DIR: a cache of its own (a cold one for benchmarks, the folder a CI
+    job restores and saves); both runners use it, a container has it mounted at /farm/cache/ccache. Here,
+    not in farm/build/ccache.py, because the runners that mount it sit above the build (design.md §1.1)."""
+    own = CCACHE_DIR.get()
+    return Path(own) if own else cache_dir() / "ccache"
+
+
+def work_dir(cell_id: str) -> Path:
+    """A cell's work folder on this machine, cache_dir()/work/<cell id>: its source tree and build tree,
+    shared by every build of the cell here (one at a time, under work_dir(".locks")/<cell id>.lock)."""
+    return cache_dir() / "work" / cell_id
+
+
 def wheelhouse_dir() -> Path:
     """The project's wheelhouse (farm run, farm demo)."""
     return _path(WHEELHOUSE, PROJECT_ROOT / "wheelhouse")

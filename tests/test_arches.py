@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from farmcli import copy_defaults, run_farm
 
-from farm.arch.archlist import ArchList
 from farm.arch.resolve import ArchOverrides, fallback_hazards, resolve
+from farm.archlist import ArchList
 from farm.errors import BadInput, NoSuchCell
 from farm.policy import load_defaults
 

@@ -26,7 +26,7 @@ from wheel_builder import demo_extension
 
 from farm.arch.fatbin import read_fatbin
 from farm.errors import BadInput
-from farm.platforms import host_arch
+from farm.platforms import cell_arch, host_arch
 from farm.runners import emulation
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_emulated_steps_see_an_arm_cpu_not_the_hosts(tmp_path):
                                                         (sys_cpu, "/sys/devices/system/cpu")]
 
 
-@pytest.mark.skipif(emulation.cell_arch("linux") != "x86_64" or os.uname().machine != "x86_64",
+@pytest.mark.skipif(cell_arch("linux") != "x86_64" or os.uname().machine != "x86_64",
                     reason="x86_64 hosts only")
 def test_an_arm_cell_on_the_x86_host_runner_is_refused_in_one_line(tmp_path):
     p = run_farm("build", ARM_CELL, "--runner", "host", "--out", str(tmp_path / "out"),

@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 from farmcli import PROJECT, run_farm
 
-from farm.build import progress
-from farm.build.compilelog import Count, first_error, first_error_lines, read_progress_line
+from farm import progress
+from farm.build.compilelog import Count, read_progress_line
 from farm.build.display import Outcome, StepDisplay, Throttle, describe
 from farm.build.downloads import DownloadProgress
-from farm.build.progress import Event
+from farm.progress import Event
+from farm.recipes.buildoutput import first_error, first_error_lines
 
 CELL = "farm_demo-cu130-torch2.13-py311"
 CELL_STEPS = ("source", "downloads", "env", "toolkit", "compile", "label", "repair", "verify", "publish")

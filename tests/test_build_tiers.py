@@ -60,7 +60,7 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     build_json = json.loads((out / "build.json").read_text())
 
     # its key is not the full cell's: the arch list is in the key
-    from farm.recipes.buildkey import KeyMaker, context_for
+    from farm.build.buildkey import KeyMaker, context_for
     from farm.recipes.plan import cell_plan
 
     os.environ["FARM_RECIPES"] = str(recipes)
@@ -101,7 +101,7 @@ def test_smoke_build_carries_one_token_is_marked_and_publish_refuses_it(recipes,
     (3, 2, "9.0a", (6, 1)),
 ])
 def test_a_smoke_build_keeps_the_recipes_codegens_at_once(jobs, threads, tokens, want):
-    from farm.arch.archlist import ArchList
+    from farm.archlist import ArchList
     from farm.build.cell import smoke_parallelism
 
     assert smoke_parallelism(jobs, threads, ArchList.parse(tokens)) == want

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.run import cachebudget as C
+from farm import cachebudget as C
 
 
 def _filler(size: int):
@@ -49,7 +49,7 @@ def test_concurrent_builders_build_once(tmp_path):
         "import sys, time",
         f"sys.path.insert(0, {project!r})",
         "from pathlib import Path",
-        "from farm.run import cachebudget as C",
+        "from farm import cachebudget as C",
         "def b(p):",
         "    time.sleep(1.0); (p / 'n').write_text('x')",
         f"    with open({str(tmp_path / 'count')!r}, 'a') as f: f.write('built\\n')",

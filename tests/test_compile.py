@@ -116,7 +116,7 @@ def test_nvcc_targets_reads_every_spelling_of_a_target():
 
 
 def test_flags_report_names_what_is_missing_and_extra(tmp_path):
-    from farm.arch.archlist import ArchList
+    from farm.archlist import ArchList
     from farm.build.compile import flags_report, flags_summary, read_nvcc_calls, record_nvcc_calls
     from farm.build.verify.checks import forgiven_targets
 
@@ -178,7 +178,7 @@ def test_flags_report_names_what_is_missing_and_extra(tmp_path):
 
 
 def test_the_wrapper_samples_the_cpu_of_finished_calls_and_prices_the_cell_from_them(tmp_path):
-    from farm.arch.archlist import ArchList
+    from farm.archlist import ArchList
     from farm.build.compile import (
         flags_report,
         flags_summary,

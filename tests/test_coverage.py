@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from farm.arch.archlist import ArchList
 from farm.arch.coverage import DEAD, JIT, NATIVE, UNKNOWN, cell_verdict, device_for_sm, list_verdict
 from farm.arch.resolve import resolve
+from farm.archlist import ArchList
 from farm.policy import load_defaults
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from wheel_builder import demo_extension
 
-from farm.arch.archlist import ArchList
 from farm.arch.fatbin import read_fatbin
+from farm.archlist import ArchList
 from farm.build import environments as E
 from farm.build import provision as P
 from farm.build.compile import compile_environment, compile_wheel

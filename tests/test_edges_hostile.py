@@ -178,7 +178,7 @@ VALIDATOR_MODULES = ("farm.recipes", "farm.arch", "farm.versions", "farm.platfor
 def test_no_validator_pattern_is_anchored_with_a_dollar():
     """`$` also matches before a trailing newline: every module-level pattern of the modules that check
     values is used with fullmatch (or anchored with \\Z). Patterns that split lines of a tool's output
-    live elsewhere (farm.build.compilelog, downloads, runners.images) and read one line at a time."""
+    live elsewhere (farm.progress, farm.build.compilelog, downloads, runners.images) and read one line at a time."""
     found = []
     for name in VALIDATOR_MODULES:
         mod = importlib.import_module(name)

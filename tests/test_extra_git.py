@@ -18,9 +18,9 @@ from hostile import assert_recipe_check_refuses
 from test_source import commit, git, make_repo, prep, src
 from test_source_exclude import drop_blob
 
+from farm.build.buildkey import KeyMaker
 from farm.errors import BadInput, SourceError
 from farm.policy import load_defaults
-from farm.recipes.buildkey import KeyMaker
 from farm.recipes.reader import load_recipe
 
 FAKE_URL = "https://example.invalid/vendor/eigen.git"

@@ -100,7 +100,7 @@ def entries(house: Path) -> list:
 
 def keys_of(house: Path, monkeypatch, recipes: Path, *cells: str) -> list[str]:
     """Build keys as `farm build --runner host` computes them against `house`."""
-    from farm.recipes.buildkey import KeyMaker, context_for
+    from farm.build.buildkey import KeyMaker, context_for
     from farm.recipes.plan import cell_plan
 
     monkeypatch.setenv("FARM_RECIPES", str(recipes))

@@ -17,10 +17,10 @@ from farmcli import run_farm
 from hostile import assert_one_line_refusal
 from wheel_factory import PY_TAG, ext_name, make_wheel, run, torch_cuda_wheel
 
-from farm.build.floor import Floor, cell_floor, setting_floor, symbol_versions
 from farm.build.verify.expectation import Expectation
 from farm.build.verify.gate import verify_wheel
 from farm.errors import BadInput
+from farm.floor import Floor, cell_floor, setting_floor, symbol_versions
 from farm.recipes.buildrecord import check_build_record
 
 CELL = "farm_demo-cu130-torch2.13-py311"

@@ -179,3 +179,91 @@ def test_every_farm_path_the_readme_and_design_name_exists():
     for doc in (ROOT / "README.md", ROOT / "docs" / "design.md"):
         for path in re.findall(r"(?<![\w./~-])farm/[\w/]*[\w]+(?:\.py)?/?", doc.read_text()):
             assert (ROOT / path).exists(), f"{doc.name} names {path}, which does not exist"
+
+
+# ---------------------------------------------------------------- the stage order (design.md §1.1, issue 36)
+
+COMMAND_LINE = {"farm.cli", "farm.__main__"}   # the command line's entry, above every stage with farm/commands/
+
+
+def _stage_ranks() -> dict[str, int]:
+    """docs/design.md §1.1's table in its order: stage package -> rank (1 the first row); the command
+    line, numbered '-', comes after every stage."""
+    ranks: dict[str, int] = {}
+    for line in (ROOT / "docs" / "design.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[2].startswith("`farm/"):
+            ranks[cells[2].strip("`").rstrip("/").replace("/", ".")] = len(ranks) + 1
+    return ranks
+
+
+def stage_rank(module: str, ranks: dict[str, int]) -> int:
+    """0 for a shared top-level module, else the rank of the stage package it belongs to."""
+    if module in COMMAND_LINE:
+        return ranks["farm.commands"]
+    package = ".".join(module.split(".")[:2])
+    return ranks[package] if package in ranks else 0
+
+
+def direct_imports(name: str, path: Path) -> set[str]:
+    """The farm modules `name` imports by name, each the most specific module meant (`from farm.build
+    import cell` is farm.build.cell; `from farm.build.cell import x` is farm.build.cell), lazy ones too."""
+    found: set[str] = set()
+    for node in _imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("farm."))
+        elif node.level == 0 and node.module and (node.module == "farm" or node.module.startswith("farm.")):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    found.discard(name)
+    return {m for m in found if m in MODULES}
+
+
+def order_violations(ranks: dict[str, int] | None = None) -> list[str]:
+    """Every import of a module from a stage listed below the importer's (or, from a shared module, of
+    any stage), as 'importer -> imported'."""
+    ranks = ranks or _stage_ranks()
+    out = []
+    for name, path in MODULES.items():
+        own = stage_rank(name, ranks)
+        out += [f"{name} -> {m}" for m in sorted(direct_imports(name, path)) if stage_rank(m, ranks) > own]
+    return out
+
+
+def test_the_order_checker_sees_an_import_against_the_order():
+    ranks = {"farm.matrix": 1, "farm.build": 2, "farm.commands": 3}
+    assert stage_rank("farm.errors", ranks) == 0 and stage_rank("farm.cli", ranks) == 3
+    assert stage_rank("farm.build.source.git", ranks) == 2
+    # the real modules with two rows swapped: the build's imports of its recipes now point down the table
+    swapped = {**_stage_ranks(), "farm.build": 1, "farm.recipes": 2}
+    assert "farm.build.cell -> farm.recipes.model" in order_violations(swapped)
+
+
+def test_no_stage_imports_one_listed_below_it():
+    # design.md §1.1: data flows down the table; a stage imports the stages above it and the shared
+    # top-level modules, and a shared module imports no stage at all.
+    violations = order_violations()
+    assert not violations, f"{len(violations)} imports against design.md §1.1's order:\n" + "\n".join(violations)
+
+
+def _subprocess_importers() -> set[str]:
+    found = set()
+    for name, path in MODULES.items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(n == "subprocess" or n.startswith("subprocess.") for n in names):
+                found.add(name)
+    return found
+
+
+def test_only_farm_process_starts_processes_or_each_exception_says_why():
+    # issue 36: farm/process.py is the one way to start a child; a module that still imports subprocess
+    # is named in its docstring with the reason, and a name there that no longer needs it is stale.
+    from farm import process
+
+    named = dict(re.findall(r"^- (farm/[\w/]+\.py): (\S.*)$", (process.__doc__ or "").partition("Exceptions")[2], re.M))
+    exceptions = {module_name(ROOT / path) for path in named}
+    importers = _subprocess_importers() - {"farm.process"}
+    assert importers <= exceptions, f"import subprocess without a reason in farm/process.py: {sorted(importers - exceptions)}"
+    assert exceptions <= importers, f"named in farm/process.py but no longer importing subprocess: {sorted(exceptions - importers)}"

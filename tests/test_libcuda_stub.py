@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from farm import cachebudget
 from farm.build import libcudastub as S
 from farm.build import provision as P
 from farm.build import repair
 from farm.build import toolkit as T
 from farm.build.verify.importcheck import libcuda_stub_dir
 from farm.platforms import host_arch
-from farm.run import cachebudget
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 from farmcli import copy_defaults, run_farm
 from wheel_factory import make_wheel, torch_cuda_wheel
 
-from farm.arch.archlist import ArchList
 from farm.arch.pam import Measurement, extract_torch_libs, measure, write_measurement
+from farm.archlist import ArchList
 from farm.policy import PAM_MEASURED_FILE, load_defaults
 
 TORCH_2_13_CU130_LINUX = "7.5 8.0 8.6 9.0 10.0 12.0"

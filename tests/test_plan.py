@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from farmcli import PROJECT, run_farm
 
+from farm.build.buildkey import BuildContext, KeyMaker
 from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.policy import load_defaults
-from farm.recipes.buildkey import BuildContext, KeyMaker
 from farm.recipes.plan import cell_plan, full_plan, in_shard, shard_of
 from farm.recipes.reader import load_recipes
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 import pytest
 import yaml
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.errors import BadInput
 from farm.matrix.grid import load_grid
 from farm.policy import load_defaults

@@ -13,8 +13,8 @@ from farmcli import PROJECT, run_farm
 from local_pypi import demo_sdist, simple_index
 from replay_server import serve
 
+from farm.build.source.scan import read_hunks, scan_recipe, scan_tree
 from farm.recipes.reader import load_recipes
-from farm.recipes.scan import read_hunks, scan_recipe, scan_tree
 
 SCAN_DATA = PROJECT / "tests" / "data" / "scan"
 

@@ -20,8 +20,8 @@ from farm.build.repair import (
     repair_wheel,
     torch_env_sonames,
 )
-from farm.build.verify.wheel import wheel_file_problems
 from farm.errors import BadInput, RepairError
+from farm.wheelhouse.wheelfile import wheel_file_problems
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from test_source import git, own_cache, prep, served  # noqa: F401 (fixtures: the sdist server, a cache of its own)
 from wheel_builder import pack_ext_wheel
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build.ccache import cache_env, nvcc_namespace, read_stats_log, resolve_in_step
 from farm.build.compile import compile_environment, nvcc_in_own_pid_namespace
 from farm.build.hostpaths import host_folders, host_paths_in, portable, prefix_map_flags, python_include_dirs

@@ -409,7 +409,7 @@ def test_build_requires_farm_pulls_in_and_orders_the_dependency(tmp_path):
     (1, 12, 30, True, 8, 1, "even one job (12 GB) exceeds the 8.0 GB limit of a build container"),   # waiting frees none
 ])
 def test_memory_admission_fits_the_budget_and_the_build_containers_limit(want, peak, free, running, cap, jobs, words):
-    from farm.run.admission import admit_jobs
+    from farm.runners.admission import admit_jobs
 
     admitted, clamp = admit_jobs(want, peak, free, running, cap)
     assert admitted == jobs

@@ -15,9 +15,9 @@ import pytest
 from hostile import assert_recipe_check_refuses
 from test_source import as_url, commit, git, make_repo, prep, src
 
+from farm.build.buildkey import KeyMaker
 from farm.errors import SourceError
 from farm.policy import load_defaults
-from farm.recipes.buildkey import KeyMaker
 from farm.recipes.reader import load_recipe
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from farm.build.floor import Floor
 from farm.build.spec import (
     SCHEMA,
     FarmWheel,
@@ -25,6 +24,7 @@ from farm.build.spec import (
     source_part,
 )
 from farm.errors import BadSpec
+from farm.floor import Floor
 from farm.recipes.plan import cell_plan
 from farm.recipes.reader import load_recipes
 

@@ -127,8 +127,8 @@ def _private_env_lock(recipes: Path, cell_id: str, cache: Path, monkeypatch) -> 
         download_environment,
         python_version,
     )
+    from farm.cachebudget import lock_file
     from farm.recipes.plan import cell_plan
-    from farm.run.cachebudget import lock_file
     from farm.runners.host import HostRunner
     from farm.settings import cache_dir
 
@@ -163,7 +163,7 @@ def test_a_hung_build_is_killed_at_its_compile_naming_the_limit_and_a_lock_wait_
     """The env step waits on the environment's lock (held by this test, as by a build creating it)
     for three times the limit and goes on; the compile then prints two objects and hangs, and is killed
     after the limit with one line naming it, where it comes from and the progress reached."""
-    from farm.run.cachebudget import flocked
+    from farm.cachebudget import flocked
 
     recipes = recipe_folder(tmp_path, "stall_probe", source(tmp_path, steps=2, pause=0, hang=600))
     cell = "stall_probe-cu130-torch2.13-py311"

@@ -1,6 +1,6 @@
 """The builder image's host compiler (design.md §6.4, §8.3): bullseye's gcc 10 on a glibc 2.31 sysroot
 inside the bookworm image, reaching manylinux_2_31 or lower; and the one place that hands it to
-setuptools, torch, nvcc and CMake (farm/build/hostcompiler.py).
+setuptools, torch, nvcc and CMake (farm/runners/hostcompiler.py).
 
 The container tests compile real code with the image's wrappers and a real nvcc (NVIDIA's PyPI CUDA
 13.0 wheels) and read the symbol versions the shared objects need with pyelftools.
@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from farm.arch.archlist import ArchList
-from farm.build import hostcompiler
+from farm.archlist import ArchList
+from farm.build.buildkey import context_for
 from farm.build.compile import compile_environment
 from farm.errors import BadInput
 from farm.platforms import host_arch, plat_glibc
-from farm.recipes.buildkey import context_for
-from farm.runners import images
+from farm.runners import hostcompiler, images
 from farm.runners.engine import Mount, ensure_engine
 
 TOOLCHAIN = {"bin": "/opt/farm-toolchain/bin", "sysroot": "/opt/farm-sysroot", "gcc": "10.2.1", "glibc": "2.31"}

@@ -12,7 +12,7 @@ import pytest
 from farmcli import PROJECT, run_farm
 from hostile import assert_one_line_refusal, assert_recipe_check_refuses, tree_state
 
-from farm.build import progress
+from farm import progress
 from farm.errors import BadInput
 from farm.platforms import host_arch
 from farm.runners import images, syspkgs
@@ -54,8 +54,8 @@ def test_a_package_name_that_is_not_one_is_refused_by_the_recipe_check(tmp_path)
 
 
 def test_the_package_list_is_in_the_build_key_whatever_its_order(tmp_path):
+    from farm.build.buildkey import KeyMaker
     from farm.policy import load_defaults
-    from farm.recipes.buildkey import KeyMaker
     from farm.recipes.reader import load_recipe
 
     head = "name: {name}\nsource:\n  path: .\nlinks_torch: true\n"

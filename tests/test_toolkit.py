@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build import provision as P
 from farm.build import toolkit as T
 from farm.errors import BadInput, ToolkitCannotEmit, ToolkitUnavailable

@@ -41,14 +41,14 @@ from wheel_factory import (
     session_builder,
 )
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build.verify.expectation import Expectation
 from farm.build.verify.gate import CHECKS, verify_wheel
 from farm.build.verify.importcheck import ImportChild, install_into
-from farm.build.verify.wheel import wheel_file_problems
 from farm.errors import GateCannotRun
 from farm.recipes.model import AllowedMissing
 from farm.recipes.model import Verify as VerifyKnobs
+from farm.wheelhouse.wheelfile import wheel_file_problems
 
 INIT = b"from . import _probe\n"
 

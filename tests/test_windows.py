@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from farmcli import run_farm
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build import windows
 from farm.build.compile import compile_environment
 from farm.build.toolkit import Toolkit

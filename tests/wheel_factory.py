@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from farm.build.downloads import isolated_pip_env
-from farm.run.cachebudget import flocked
+from farm.cachebudget import flocked
 from farm.settings import cache_dir
 
 NVCC = os.environ.get("FARM_TEST_NVCC", "/usr/local/bin/nvcc")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from farm.arch.archlist import ArchList, ArchToken
+from farm.archlist import ArchList, ArchToken
 from farm.policy import Defaults, Gpu
 
 NATIVE, JIT, UNKNOWN, DEAD = "native", "jit-only", "unknown", "dead"

@@ -27,12 +27,12 @@ from typing import Any, cast
 import yaml
 
 from farm import settings
-from farm.arch.archlist import ArchList, ArchToken
 from farm.arch.fatbin import FatbinReport, read_fatbin
+from farm.archlist import ArchList, ArchToken
+from farm.cachebudget import flocked
 from farm.errors import BadInput, FarmError
 from farm.platforms import from_wheel_platform_tag
 from farm.policy import PAM_MEASURED_FILE
-from farm.run.cachebudget import flocked
 from farm.versions import minor_of
 from farm.yamlio import load_yaml, write_atomic
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.errors import BadInput, NoSuchCell
 from farm.platforms import ARM_LANE, X86_LANE, lane
 from farm.policy import Defaults, clamp

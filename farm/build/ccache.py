@@ -48,16 +48,9 @@ def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
     return f"{cuda_tag(cuda)}-torch{torch}" if links_torch and torch else cuda_tag(cuda)
 
 
-def root_dir() -> Path:
-    """cache_dir()/ccache, or FARM_CCACHE_DIR: a cache of its own (a cold one for benchmarks, the folder a CI
-    job restores and saves); both runners use it, a container has it mounted at /farm/cache/ccache."""
-    own = settings.CCACHE_DIR.get()
-    return Path(own) if own else settings.cache_dir() / "ccache"
-
-
 def group_dir(cuda: str, torch: str | None, links_torch: bool = True) -> Path:
-    """root_dir()/<group>."""
-    return root_dir() / group_name(cuda, torch, links_torch)
+    """settings.ccache_dir()/<group>."""
+    return settings.ccache_dir() / group_name(cuda, torch, links_torch)
 
 
 def find_ccache() -> str | None:

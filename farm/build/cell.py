@@ -19,21 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm import __version__, settings
-from farm.build import progress
-from farm.build.floor import Floor, cell_floor, setting_floor
+from farm import __version__, progress, settings
+from farm.build.buildkey import KeyMaker, context_for
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
 from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
-from farm.platforms import host_arch
-from farm.recipes.buildkey import KeyMaker, context_for
+from farm.floor import Floor, cell_floor, setting_floor
+from farm.platforms import cell_arch, host_arch
 from farm.recipes.buildrecord import write_record
 from farm.recipes.cells import Cell, smoke_cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
-from farm.run.admission import admit_alone
 from farm.runners import images
+from farm.runners.admission import admit_alone
 from farm.runners.base import Runner
-from farm.runners.emulation import cell_arch, is_emulated
+from farm.runners.emulation import is_emulated
 from farm.runners.host import HostRunner
 
 if TYPE_CHECKING:
@@ -185,7 +184,7 @@ def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None, recipe: R
     image cannot give `plat` or is stale, or the host lacks a system package."""
     from farm.runners.choose import get_runner
 
-    lane = "aarch64" if cell.platform == "linux_aarch64" else "x86_64"
+    lane = cell_arch(cell.platform)
     if cell.platform == "windows":   # the builder images are Linux: a Windows cell runs on its Windows host
         if runner_kind == "container":
             raise NotBuildableHere(f"{cell.id}: a Windows cell builds with --runner host (MSVC and the installed "
@@ -228,6 +227,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
     """A CUDA 12.x cell needs an installed toolkit of its line (PyPI carries nvcc from 13.0 on): in
     the builder image for the container runner, on this machine for the host runner. Refused in one
     line before anything is downloaded or built."""
+    from farm.build.provision import source_asked
     from farm.build.toolkit import find_system_toolkit
     from farm.runners.choose import default_kind
     from farm.versions import vtuple
@@ -242,10 +242,10 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
             raise NotBuildableHere(f"{cell.id}: {exc}") from None
         return
     major = vtuple(cell.cuda)[0]
-    if major >= 13 or settings.TOOLKIT_SOURCE.get() == "pypi":
+    if major >= 13 or source_asked() == "pypi":
         return
     if (runner_kind or default_kind()) == "container":
-        image = images.load_image("aarch64" if cell.platform == "linux_aarch64" else "x86_64")
+        image = images.load_image(cell_arch(cell.platform))
         if image is not None and image.cuda_home and image.cuda.startswith(cell.cuda):
             return
         where = f"the builder image ({image.ref if image else 'not built yet'}) carries none"
@@ -271,7 +271,7 @@ def _cell_lock(cell_id: str, log):
     """One build of a cell at a time on this host: its work dir is shared (cache_dir()/work/<cell>)."""
     from farm.filelock import lock
 
-    folder = settings.cache_dir() / "work" / ".locks"
+    folder = settings.work_dir(".locks")
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / f"{cell_id}.lock", "w") as fh:
         waited = not lock(fh.fileno(), blocking=False)
@@ -308,7 +308,7 @@ class BuildJob:
 
     @property
     def work(self) -> Path:
-        return settings.cache_dir() / "work" / self.cell.id
+        return settings.work_dir(self.cell.id)
 
     @property
     def flags_stop_after_s(self) -> float | None:
@@ -380,12 +380,13 @@ def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
 def _set_up(job: BuildJob) -> _Setup:
     """Fresh out and work folders, the runner's mounts and the two step specs."""
     from farm.build.ccache import group_dir
+    from farm.build.provision import source_asked
 
     for folder in (job.out, job.work):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     runner, cell = job.runner, job.cell
-    toolkit_source = settings.TOOLKIT_SOURCE.get()
+    toolkit_source = source_asked()
     if toolkit_source is None:
         # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
         # installed toolkit on the line when there is one.
@@ -567,9 +568,9 @@ def _failure_line(log_path: Path, code: int) -> str:
 def outcome(cell_id: str, out: Path, result: BuildResult | None = None) -> Outcome:
     """What the summary at the end of `farm build` says, from the build folder: the wheel, the arch list
     asked for and what the gate found in the binary, the compiler cache, the logs (design.md §6.9)."""
-    from farm.build.compile import by_arch, flags_summary
+    from farm.build.compile import flags_summary
     from farm.build.display import Outcome, fmt_s
-    from farm.build.verify.expectation import arches_found
+    from farm.recipes.buildoutput import arches_found, by_arch
 
     def read(name: str) -> dict:
         try:

@@ -18,19 +18,19 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path, PurePath
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build.compilelog import failure_line
 from farm.build.hostpaths import nvcc_prefix_map_flags, prefix_map_flags
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed, CompileStalled
-from farm.process import signal_group
+from farm.process import Popen, TimeoutExpired, run, signal_group, spawn
+from farm.recipes.buildoutput import by_arch, flags_differences, sample_text, waived_text
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -74,7 +74,7 @@ def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env
     torch_env: a farm.build.environments.TorchEnv (its bin goes first on PATH; its nvidia/*/include
     on CPATH, where torch's CUDA headers need cusparse.h/cublas_v2.h/cusolverDn.h).
     recipe_env: the recipe's `env` (placeholders expanded); exported: what pre_build wrote to $FARM_ENV.
-    host_compiler: CC, CXX, ... of the image's toolchain (farm.build.hostcompiler), over the caller's.
+    host_compiler: CC, CXX, ... of the image's toolchain (farm.runners.hostcompiler), over the caller's.
     source_date_epoch: the source's date (design.md §6.5), for the backend's own zip times and any
     __DATE__; host_folders: (folder, symbolic name) pairs (farm.build.hostpaths) mapped away in the
     binaries by -ffile-prefix-map, for gcc directly and for nvcc's host compiler.
@@ -136,7 +136,7 @@ def _pid_namespace_prefix() -> tuple[str, ...]:
     if exe is None:
         return ()
     prefix = (exe, "--pid", "--fork", "--kill-child", "--")
-    ok = subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    ok = run([*prefix, "true"]).returncode == 0
     return prefix if ok else ()
 
 
@@ -252,8 +252,7 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
               stall: float | None = None) -> int | str:
     """Run `cmd` in its own process group, its output to the file `out`; stop the whole group past `limit`
     seconds ("timeout"), or once `out` has not grown for `stall` seconds ("stalled": hung, design.md §6.4)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = spawn(cmd, out, cwd=cwd, env=env)
     start = last = time.monotonic()
     size = -1
     poll = min(1.0, stall / 10) if stall else None   # a test's 2 s limit is seen within 0.2 s
@@ -263,7 +262,7 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
             wait = [x for x in (poll, None if limit is None else start + limit - now) if x is not None]
             try:
                 return proc.wait(timeout=max(0.0, min(wait)) if wait else None)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 now = time.monotonic()
             if limit is not None and now - start >= limit:
                 _stop_group(proc)
@@ -280,10 +279,10 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
         raise
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: Popen) -> None:
     """SIGTERM the group, SIGKILL whatever is left 10 s later (the group outlives its leader)."""
     signal_group(proc, hard=False)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    with contextlib.suppress(TimeoutExpired):
         proc.wait(timeout=10)
     signal_group(proc, hard=True)
     proc.wait()
@@ -434,11 +433,6 @@ def nvcc_targets(argv: Sequence[str]) -> set[str]:
     return found
 
 
-def by_arch(names) -> list[str]:
-    """Target names (sm_90a, compute_120, ...) in arch order, not string order."""
-    return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
-
-
 def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | None] | None = None,
                  objects_total: int | None = None, forgiven: Collection[str] = ()) -> dict:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
@@ -487,26 +481,3 @@ def flags_summary(report: dict) -> str:
     return f"{head}: differs from the cell's list {report['expected']} ({flags_differences(report)})"
 
 
-def flags_differences(report: dict) -> str:
-    """'missing sm_100; extra sm_89; sm_80 waived': how a flags report differs from the list (also the
-    status table's words; records written before waivers were reported have no 'waived')."""
-    parts = [f"missing {' '.join(report['missing'])}" if report.get("missing") else "",
-             f"extra {' '.join(report['extra'])}" if report.get("extra") else "", waived_text(report)]
-    return "; ".join(p for p in parts if p)
-
-
-def waived_text(report: dict) -> str:
-    """'sm_80 sm_86 waived' (what the gate would forgive as well), or ''."""
-    return f"{' '.join(report['waived'])} waived" if report.get("waived") else ""
-
-
-def sample_text(report: dict) -> str:
-    """'; 2 of 73 objects finished at 640 CPU-s each: ~13 CPU-h for the cell' (what the stop left to
-    sample; also the status table's words)."""
-    if "finished" not in report:
-        return ""
-    total = f" of {report['objects_total']}" if report.get("objects_total") else ""
-    if not report["finished"]:
-        return f"; none{total} objects finished before the stop, so no CPU sample"
-    text = f"; {report['finished']}{total} objects finished at {report['cpu_s_per_object']:g} CPU-s each"
-    return text + (f": ~{report['cpu_h_estimate']:g} CPU-h for the cell" if report.get("cpu_h_estimate") else "")

@@ -9,7 +9,8 @@ compile step and emits a progress event per counted line.
 
 After it failed: the compiler's FIRST error line (`file.cu(12): error: ...`, `file.cpp:3:1: error:`,
 `nvcc fatal : ...`, the linker's undefined reference), with the source excerpt printed under it,
-not the last line of the Python traceback that setuptools adds after it.
+not the last line of the Python traceback that setuptools adds after it. How a log's first error
+reads is farm/recipes/buildoutput.py's, which the build record reads with the same words.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from farm.build import progress
+from farm import progress
 from farm.process import last_line, useful_lines
+from farm.progress import CMAKE_PERCENT, NINJA
+from farm.recipes.buildoutput import first_error
 
-NINJA = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
-CMAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
 SOURCE_FILE = re.compile(r"(?:^|\s)(?:-c\s+)?['\"]?([^\s'\"]+\.(?:cu|cpp|cc|cxx|c|C|mm|m))['\"]?(?=\s|$)")
 CMAKE_OBJECT = re.compile(r"Building \w+ object (?:\S*?\.dir/)?(\S+?)\.(?:o|obj)$")
 CMAKE_LINK = re.compile(r"Linking \w+ (?:shared |static )?(?:module|library|executable) (\S+)")
@@ -138,58 +139,6 @@ class CompileWatch:
 
 
 # ---------------------------------------------------------------- the first error
-
-# Errors a compiler or linker locates, in the forms nvcc, cudafe++, gcc/clang and ld print them.
-_LOCATED = (
-    re.compile(r"^\S.*\(\d+\): (?:catastrophic )?error\b"),            # nvcc/cudafe++: file.cu(12): error: ...
-    re.compile(r"^\S.*?:\d+(?::\d+)?: (?:fatal )?error\b"),            # gcc/clang: file.cpp:3:1: error: ...
-    re.compile(r"^nvcc (?:fatal|error)\s*:"),                          # nvcc fatal   : Unsupported gpu ...
-    re.compile(r"^ptxas (?:fatal|error)\s*[:]"),                       # ptxas error   : Entry function ...
-    re.compile(r":\s*undefined reference to\b|^(?:\S*/)?ld(?:\.\w+)?: cannot find\b"),
-    re.compile(r"^CMake Error\b"),
-)
-# Lines that report a failure without being its cause: setuptools' and ninja's summaries.
-_CONSEQUENCE = re.compile(r"^(?:error: command .* failed|collect2: error|ninja: build stopped|FAILED: |"
-                          r"subprocess\.CalledProcessError|RuntimeError: Error compiling objects)")
-# A tool's own `error:` line (`c++: error: unrecognized ...`, `ValueError: error: ...`), not a source line quoting one.
-_GENERIC = re.compile(r"^(?:[\w.+-]+: )?(?:fatal )?error:", re.I)
-EXCERPT_LINES = 2   # the source line and caret a compiler prints under its error
-
-
-def _is_noise(line: str) -> bool:
-    """The frontend's own notes (`$ cd ...`, `# exit 1 ...`) and ninja/CMake status lines, which quote
-    whole command lines (full of -Werror and *error* paths)."""
-    return line.startswith(("#", "$")) or bool(NINJA.match(line)) or bool(CMAKE_PERCENT.match(line))
-
-
-def first_error_lines(source: str | Path, excerpt: int = EXCERPT_LINES) -> list[str]:
-    """The compile's first located compiler or linker error and the excerpt lines under it; else its
-    first generic `error:` line that is not a summary; else []. `source`: a log file or its text."""
-    try:
-        text = Path(source).read_text(encoding="utf-8", errors="replace") if isinstance(source, Path) else source
-    except OSError:
-        return []
-    lines = [ln.rstrip() for ln in text.splitlines()]
-    for patterns in (_LOCATED, (_GENERIC,)):
-        for i, line in enumerate(lines):
-            stripped = line.strip()
-            if not stripped or _is_noise(stripped) or _CONSEQUENCE.search(stripped):
-                continue
-            if any(p.search(stripped) for p in patterns):
-                block = [stripped[:300]]
-                for nxt in lines[i + 1:i + 1 + excerpt]:
-                    if not nxt.strip() or any(p.search(nxt.strip()) for p in _LOCATED) or _is_noise(nxt.strip()):
-                        break
-                    block.append(nxt[:300])
-                return block
-    return []
-
-
-def first_error(source: str | Path) -> str | None:
-    """The compile's first compiler error line (the cause; later ones tend to follow from it)."""
-    found = first_error_lines(source, excerpt=0)
-    return found[0] if found else None
-
 
 def failure_line(log: Path) -> str:
     """What a failed compile's one-line error says: its first compiler error, else the log's last

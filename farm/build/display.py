@@ -2,7 +2,7 @@
 progress, and a summary at the end.
 
 `Terminal` is what `farm run`'s display (farm/run/report.py) and this one share: rich on a terminal,
-plain prefixed lines otherwise. `StepDisplay` is a progress sink (farm/build/progress.py): on a
+plain prefixed lines otherwise. `StepDisplay` is a progress sink (farm/progress.py): on a
 terminal one live rich view of the running steps, with a line printed above it as each step starts
 and ends; otherwise plain lines, at most one progress line every `interval` seconds per step (start
 and end lines always), so a CI log of a three-hour compile stays short. quiet: nothing until the
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm.build.progress import Event
+from farm.progress import Event
 
 if TYPE_CHECKING:
     from rich.live import Live

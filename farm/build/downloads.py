@@ -28,11 +28,11 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from farm.build import progress
+from farm import progress
+from farm.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.errors import DownloadFailed, FarmError
 from farm.platforms import marker_environment
 from farm.process import last_useful_lines, stream
-from farm.run.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.settings import cache_dir
 from farm.versions import python_tag, vtuple
 from farm.yamlio import write_atomic

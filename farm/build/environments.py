@@ -26,18 +26,16 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from farm import settings
+from farm import cachebudget, settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
 from farm.errors import BadInput, EnvironmentFailed, TorchMismatch
-from farm.process import last_useful_lines, run
-from farm.run import cachebudget
+from farm.process import CompletedProcess, last_useful_lines, run
 from farm.settings import cache_dir, defaults_dir, display
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml
@@ -242,7 +240,7 @@ def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
 
 # ---------------------------------------------------------------- target side
 
-def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 3600) -> CompletedProcess:
     # The step itself may run with the farm on PYTHONPATH (a container's read-only project mount);
     # the torch environment must never see it.
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}

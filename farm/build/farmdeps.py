@@ -4,7 +4,7 @@ A recipe naming others there (spconv needs cumm's wheel at build time) builds
 against the wheel each of them has in the wheelhouse for the SAME CUDA line,
 torch (a torch-free dependency: its +cuNNN wheel of that line), Python and
 platform: the newest published build of that dependency's cell, read from the
-manifest. The wheels' sha256 enter the dependent's build key (farm/recipes/buildkey.py),
+manifest. The wheels' sha256 enter the dependent's build key (farm/build/buildkey.py),
 so a rebuilt dependency reopens its dependents; `farm build` stages the files
 for the environment step, which installs them with --no-deps into the cell's
 overlay environment after its build_deps (farm/build/environments.py).

@@ -36,9 +36,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import BadInput, WheelError
+from farm.wheelhouse.names import BUILD_INFO_NAME
 
 TORCH_FAMILY = frozenset({"torch", "torchvision", "torchaudio"})
-BUILD_INFO_NAME = "farm_build.json"
 _PLACEHOLDER = re.compile(r"\{(LOCAL|VER)(?::([^{}]*))?\}")
 _LOCAL = re.compile(r"[a-z0-9]+(\.[a-z0-9]+)*")   # fullmatch
 _EXTRA_MARKER = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")

@@ -12,11 +12,11 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from farm import cachebudget
 from farm.build.toolkit import arch_of
 from farm.errors import ToolkitUnavailable
 from farm.platforms import host_arch
 from farm.process import last_line, run
-from farm.run import cachebudget
 
 # cuda.h: `CUresult CUDAAPI cuInit(unsigned int Flags);` and `#define cuCtxCreate cuCtxCreate_v4`
 # or `#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)` (the per-thread-stream variant).

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build.repair import RepairResult
 from farm.build.toolkit import BuildToolkit
 
@@ -44,7 +44,7 @@ class BuildPlatform(Protocol):
 
 
 class LinuxPlatform:
-    """The image's host compiler (farm.build.hostcompiler) + nvcc from the cell's toolkit; auditwheel repair
+    """The image's host compiler (farm.runners.hostcompiler) + nvcc from the cell's toolkit; auditwheel repair
     against the image's manylinux floor."""
 
     def __init__(self, name: str = "linux"):
@@ -57,8 +57,8 @@ class LinuxPlatform:
         return provision_toolkit(cuda, arch, list(components), source=source, allow_download=False, log=log)
 
     def compile_environment(self, **kw) -> dict[str, str]:
-        from farm.build import hostcompiler
         from farm.build.compile import compile_environment
+        from farm.runners import hostcompiler
 
         # The image's toolchain, when it has one, compiles and links (design.md §6.4, §8.3).
         return compile_environment(**kw, host_compiler=hostcompiler.step_env())

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from farm import settings
+from farm import cachebudget, settings
 from farm.build.downloads import DownloadSet, Index, download, find_manifest
 from farm.build.libcudastub import ensure_libcuda_stub, stub_cached_toolkit
 from farm.build.toolkit import (
@@ -32,7 +32,6 @@ from farm.build.toolkit import (
 )
 from farm.errors import BadInput, ToolkitUnavailable
 from farm.platforms import host_arch
-from farm.run import cachebudget
 from farm.settings import cache_dir
 from farm.versions import vtuple
 
@@ -244,6 +243,15 @@ def installed_toolkit(cuda: str, arch: str, components: Iterable[str] = (),
     return find_system_toolkit(cuda_line(cuda), normalise_components(components))
 
 
+def source_asked(given: str | None = None) -> str | None:
+    """The toolkit source asked for: `given`, else FARM_TOOLKIT_SOURCE, checked; None when neither.
+    The one place the setting is read: the host's build and the step's provisioning agree on it."""
+    source = given or settings.TOOLKIT_SOURCE.get()
+    if source is not None and source not in ("auto", "pypi", "system", "image"):
+        raise BadInput("environment", settings.TOOLKIT_SOURCE.name, source, "expected auto, pypi, system or image")
+    return source
+
+
 def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str] = (), *,
                       source: str | None = None, allow_download: bool = True, log=None,
                       root: Path | None = None) -> Toolkit:
@@ -253,10 +261,7 @@ def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str]
     machine runs the cell's arch, else NVIDIA's PyPI wheels (13.x); `system`/`image` = installed
     only; `pypi` = wheels only. A 12.x line with no installed toolkit fails with one line.
     """
-    configured = settings.TOOLKIT_SOURCE.get()
-    source = source or ("auto" if configured is None else configured)
-    if source not in ("auto", "pypi", "system", "image"):
-        raise BadInput("environment", settings.TOOLKIT_SOURCE.name, source, "expected auto, pypi, system or image")
+    source = source_asked(source) or "auto"
     arch = arch_of(arch)
     comps = normalise_components(components)
     line = cuda_line(cuda)

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -48,7 +47,7 @@ from packaging.version import Version
 
 from farm.errors import BadInput, RepairError
 from farm.platforms import origin_relative, plat_glibc
-from farm.process import last_line, run
+from farm.process import CompletedProcess, last_line, run
 
 # Provided by the NVIDIA driver and by torch's CUDA runtime, never by our wheel.
 DRIVER_AND_RUNTIME = ("libcuda.so*", "libcudart.so*")
@@ -164,7 +163,7 @@ def exclusions(site_packages: Iterable[Path] = (), extra: Iterable[str] = ()) ->
 # --------------------------------------------------------------------- auditwheel
 
 
-def _auditwheel(args: Sequence[str], source_date_epoch: int | None = None) -> subprocess.CompletedProcess:
+def _auditwheel(args: Sequence[str], source_date_epoch: int | None = None) -> CompletedProcess:
     env = dict(os.environ)
     if source_date_epoch is not None:   # auditwheel stamps every entry of the wheel it writes with it (§6.6)
         env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
@@ -292,7 +291,7 @@ def repair_wheel(
 
 
 def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path,
-                source_date_epoch: int | None) -> subprocess.CompletedProcess:
+                source_date_epoch: int | None) -> CompletedProcess:
     args = ["repair", "--plat", target, "--only-plat", "-w", str(scratch)]
     for pattern in excluded:
         args += ["--exclude", pattern]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm.arch.archlist import ArchList
-from farm.build.floor import Floor
+from farm.archlist import ArchList
 from farm.errors import BadInput, BadSpec
+from farm.floor import Floor
 from farm.policy import frozen
 from farm.recipes.cells import Cell
 from farm.recipes.model import ExtraSource, Patch, Recipe, Source, Verify

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from farm.build import progress
+from farm import progress
 from farm.build.spec import SourcePart, StepSpec
 from farm.errors import CompileStalled, FarmError, StepFailed
 
@@ -223,7 +223,8 @@ class Steps:
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
-        from farm.build.compilelog import first_error_lines, last_lines
+        from farm.build.compilelog import last_lines
+        from farm.recipes.buildoutput import first_error_lines
 
         if phase == "compile":
             return tuple(first_error_lines(self.out / "compile.log"))
@@ -245,8 +246,9 @@ class Steps:
 
     def label(self) -> dict:
         from farm.build.hostpaths import portable
-        from farm.build.label import BUILD_INFO_NAME, label_wheel
+        from farm.build.label import label_wheel
         from farm.recipes.buildrecord import check_build_record
+        from farm.wheelhouse.names import BUILD_INFO_NAME
 
         raw = Path(self.state["compile"]["wheel"])
         # The published record names no folder of the build host (design.md §6.5): the work dir is left out

@@ -24,17 +24,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Protocol
 
 from farm import settings
-from farm.arch.archlist import ArchList, ArchToken
+from farm.archlist import ArchList, ArchToken
 from farm.errors import BadInput, FarmError, ToolkitCannotEmit, ToolkitUnavailable
 from farm.platforms import host_arch
-from farm.process import run
+from farm.process import TimeoutExpired, run
 from farm.versions import vtuple
 
 # cuda-toolkit extras every toolkit gets (the compiler, runtime, CCCL) ...
@@ -212,7 +211,7 @@ def nvcc_version(nvcc: Path) -> tuple[str, str] | None:
     """(line, full version) from `nvcc --version`, or None when it does not run."""
     try:
         proc = run([nvcc, "--version"], timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, TimeoutExpired):
         return None
     m = NVCC_RELEASE.search(proc.stdout)
     return (m.group(1), m.group(2)) if proc.returncode == 0 and m else None

@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import platform as _platform
 import re
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PureWindowsPath
 
-from farm.arch.archlist import ArchList, ArchToken
+from farm import process
+from farm.archlist import ArchList, ArchToken
 from farm.build.toolkit import COMPONENT_HEADER, NVCC_RELEASE, normalise_components, unemittable
 from farm.errors import NotBuildableHere, ToolkitCannotEmit, ToolkitUnavailable, WindowsToolchainMissing
 from farm.versions import vtuple
@@ -79,7 +79,7 @@ class WindowsHost:
 
     system: str = field(default_factory=host_system)
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    run: Callable = subprocess.run
+    run: Callable = process.run
     exists: Callable[[str], bool] = os.path.exists
     isdir: Callable[[str], bool] = os.path.isdir
 
@@ -136,7 +136,7 @@ def _ci_get(environ: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = subprocess.run,
+def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = process.run,
               exists: Callable[[str], bool] = os.path.exists) -> Msvc:
     """MSVC for x64: the caller's developer prompt if it is one, else vswhere + vcvars64.bat."""
     environ = dict(os.environ if environ is None else environ)
@@ -146,14 +146,14 @@ def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = subproce
     if not exists(vswhere):
         raise WindowsToolchainMissing(f"no Visual Studio found ({vswhere} missing): install the Build Tools "
                                       f"with the component {MSVC_COMPONENT}")
-    found = run(vswhere_command(vswhere), capture_output=True, text=True)
+    found = run(vswhere_command(vswhere))
     installation = (found.stdout or "").strip().splitlines()[:1]
     if found.returncode != 0 or not installation:
         raise WindowsToolchainMissing(f"vswhere found no Visual Studio with {MSVC_COMPONENT}")
     vcvars = vcvars_path(installation[0])
     if not exists(vcvars):
         raise WindowsToolchainMissing(f"{vcvars} missing (a Visual Studio without the C++ x64 tools?)")
-    activated = run(vcvars_command(vcvars), capture_output=True, text=True)
+    activated = run(vcvars_command(vcvars))
     env = parse_set_output(activated.stdout or "")
     if activated.returncode != 0 or not _ci_get(env, "VCToolsVersion"):
         raise WindowsToolchainMissing(f"{vcvars} did not activate MSVC (exit {activated.returncode})")
@@ -208,7 +208,7 @@ class WindowsToolkit:
     components: tuple[str, ...] = ()
     source: str = "system"
     arch: str = "x86_64"
-    run: Callable = field(default=subprocess.run, compare=False, repr=False)
+    run: Callable = field(default=process.run, compare=False, repr=False)
 
     @property
     def nvcc(self) -> str:
@@ -237,7 +237,7 @@ class WindowsToolkit:
     def _probe(self, t: ArchToken) -> bool:
         code = f"{t.sm}{t.variant}"
         proc = self.run([self.nvcc, "--dryrun", "-c", "-x", "cu", "NUL", "-o", "NUL",
-                         f"-gencode=arch=compute_{code},code=sm_{code}"], capture_output=True, text=True)
+                         f"-gencode=arch=compute_{code},code=sm_{code}"])
         return proc.returncode == 0
 
     def require(self, arch_list: ArchList, cell: str = "") -> None:
@@ -257,11 +257,11 @@ class WindowsToolkit:
 
 
 def _words(run: Callable, cmd: list[str]) -> tuple[str, ...]:
-    proc = run(cmd, capture_output=True, text=True)
+    proc = run(cmd)
     return tuple((proc.stdout or "").split()) if proc.returncode == 0 else ()
 
 
-def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable = subprocess.run,
+def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable = process.run,
                       exists: Callable[[str], bool] = os.path.exists,
                       components: Iterable[str] = ()) -> WindowsToolkit:
     """The installed toolkit of the cell's line that has the recipe's `cuda_components`; its nvcc must
@@ -275,7 +275,7 @@ def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: 
         if not exists(tk.nvcc):
             tried.append(home)
             continue
-        found = NVCC_RELEASE.search(run([tk.nvcc, "--version"], capture_output=True, text=True).stdout or "")
+        found = NVCC_RELEASE.search(run([tk.nvcc, "--version"]).stdout or "")
         if not found or found.group(1) != want:
             tried.append(f"{home} (nvcc says {found.group(1) if found else '?'})")
             continue

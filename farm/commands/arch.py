@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from farm.arch.archlist import ArchList
 from farm.arch.resolve import NO_OVERRIDES, resolve
+from farm.archlist import ArchList
 from farm.commands.common import Known, add_platform, add_recipes, load_recipe_arch, print_json
 from farm.errors import NoSuchCell
 from farm.platforms import lane

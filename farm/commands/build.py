@@ -62,7 +62,7 @@ def build_command(args) -> int:
 def showing_build(display, cell_id: str, out: Path | None) -> Iterator[None]:
     """Every progress event of the build inside goes to `display`; a build that fails after a step ran
     ends with the summary up to that step (the one-line error follows on stderr, from the CLI)."""
-    from farm.build import progress
+    from farm import progress
     from farm.build.cell import build_dir, outcome
     from farm.errors import FarmError
 

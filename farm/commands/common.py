@@ -195,7 +195,7 @@ def minutes_arg(option: str, most: int = 24 * 60) -> Callable[[str], float]:
 def arch_token_arg(option: str) -> Callable[[str], str]:
     """--arch of a smoke build: one arch token (`8.6`, `12.0+PTX`); an empty one is no default."""
     def parse(text: str) -> str:
-        from farm.arch.archlist import parse_token
+        from farm.archlist import parse_token
 
         parse_token(text, "command line", option)
         return text

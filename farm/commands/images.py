@@ -56,7 +56,7 @@ def base_command(args) -> int:
 @contextmanager
 def _shown() -> Iterator[StepDisplay]:
     """Image set-up's steps (debootstrap, import, build, probe) on the build display (design.md §6.9)."""
-    from farm.build import progress
+    from farm import progress
     from farm.build.display import StepDisplay
 
     display = StepDisplay(prefix="[farm images]")

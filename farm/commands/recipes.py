@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TypedDict
 
 from farm import settings
-from farm.commands.common import add_path, add_recipes, print_json
+from farm.commands.common import add_path, add_recipes, arch_token_arg, minutes_arg, print_json
 from farm.policy import load_defaults
 from farm.recipes.checks import check_recipes
 from farm.recipes.reader import load_recipes
@@ -41,9 +42,46 @@ def register(sub) -> None:
     scan.add_argument("--format", choices=("text", "json"), default="text")
     add_recipes(scan)
     scan.set_defaults(func=scan_command)
-    from farm.recipes.status import register_verbs
+    _register_status_verbs(verbs)
 
-    register_verbs(verbs)   # status, block, rebuild
+
+def _register_status_verbs(verbs) -> None:
+    """status, block, unblock, rebuild: the status table and its build records (farm/recipes/status.py)."""
+    from farm.recipes.status import (
+        STATUS_DOC,
+        block_command,
+        rebuild_command,
+        status_command,
+        unblock_command,
+    )
+
+    status = verbs.add_parser("status", help="print the status table and write docs/recipe-status.md from the "
+                                             "build records")
+    add_path(status, "--records", kind="input_dir", help="records folder (default recipes/records)")
+    add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC}; "
+                                                          "with a recipes folder of one's own, recipe-status.md in it)")
+    add_recipes(status)
+    status.set_defaults(func=status_command)
+    block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
+    block.add_argument("name")
+    block.add_argument("--why", required=True, help="one line: what blocks it")
+    block.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    add_recipes(block)
+    block.set_defaults(func=block_command)
+    unblocked = verbs.add_parser("unblock", help="put a blocked recipe's last measured build record back")
+    unblocked.add_argument("name")
+    unblocked.add_argument("--records", type=Path, help="records folder (default recipes/records)")
+    add_recipes(unblocked)
+    unblocked.set_defaults(func=unblock_command)
+    rebuild = verbs.add_parser("rebuild", help="build the named recipes' status cells one at a time, record them, "
+                                               "regenerate the table")
+    rebuild.add_argument("names", nargs="+")
+    rebuild.add_argument("--tier", choices=("full", "smoke", "flags"), default="full")
+    rebuild.add_argument("--for", dest="minutes", type=minutes_arg("--for"), help="flags tier: minutes of compile (default 10)")
+    rebuild.add_argument("--arch", type=arch_token_arg("--arch"), help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
+    rebuild.add_argument("--runner", choices=("container", "host"), default="container")
+    add_recipes(rebuild)
+    rebuild.set_defaults(func=rebuild_command)
 
 
 def check_command(args) -> int:
@@ -124,7 +162,7 @@ def list_command(args) -> int:
 
 
 def new_command(args) -> int:
-    from farm.recipes.new import new_recipe
+    from farm.build.source.new import new_recipe
 
     folder = settings.recipes_dir()
     made = new_recipe(args.name, folder, sdist=args.sdist, git=args.git, ref=args.ref, defaults=load_defaults())
@@ -137,7 +175,7 @@ def new_command(args) -> int:
 
 
 def scan_command(args) -> int:
-    from farm.recipes.scan import scan_recipe
+    from farm.build.source.scan import scan_recipe
     from farm.recipes.status import known_recipe
 
     report = scan_recipe(known_recipe(args.name), args.source)

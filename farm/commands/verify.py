@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.build.verify.expectation import Expectation, cell_expectation
 from farm.build.verify.gate import verify_wheel
 from farm.commands.common import add_path, add_platform, add_recipes, check_version
@@ -46,7 +46,7 @@ def register(sub) -> None:
 
 
 def expectation_from_args(args) -> Expectation:
-    from farm.build.floor import floor_problem
+    from farm.floor import floor_problem
 
     floor = getattr(args, "floor", None)
     if floor is not None and floor_problem(floor):

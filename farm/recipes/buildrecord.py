@@ -79,7 +79,7 @@ def _list_of(pattern: re.Pattern, example: str) -> Check:
 
 
 def _floor(value: object) -> str | None:
-    """The floor a build was held to, as farm.build.floor.Floor.record() writes it."""
+    """The floor a build was held to, as farm.floor.Floor.record() writes it."""
     expected = "a floor {tag, torch, source, text} with manylinux_X_Y tags and one-line texts"
     if not isinstance(value, dict) or set(value) != {"tag", "torch", "source", "text"}:
         return expected

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from farm.arch.archlist import ArchList, parse_token
 from farm.arch.resolve import Resolution, resolve
+from farm.archlist import ArchList, parse_token
 from farm.errors import BadInput
 from farm.platforms import cell_suffix
 from farm.policy import Defaults

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from farm.arch.archlist import ArchList
 from farm.arch.resolve import ArchOverrides
-from farm.build import gitsparse
+from farm.archlist import ArchList
 from farm.platforms import PLATFORMS
 from farm.policy import Defaults, frozen
+from farm.recipes import gitsparse
 from farm.versions import vtuple
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")   # use with fullmatch: `$` would take a trailing newline

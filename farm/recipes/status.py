@@ -95,13 +95,11 @@ def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, k
     """The record of one build of `cell` from its output folder (steps.json, verify.json, build.json)."""
     import time
 
-    from farm.build.compile import by_arch
-    from farm.build.compilelog import first_error
-    from farm.build.verify.expectation import arches_found
+    from farm.recipes.buildoutput import arches_found, by_arch, first_error
 
     state = _read_json(out / "steps.json")
     source = state.get("source") or {}
-    work_src = Path(source.get("work_dir") or settings.cache_dir() / "work" / cell.id / "src")
+    work_src = Path(source.get("work_dir") or settings.work_dir(cell.id) / "src")
     report = _read_json(out / "verify.json")
     union = arches_found(report)
     build = build or {}
@@ -312,7 +310,7 @@ def wall_text(s) -> str:
 
 
 def _gate(record: dict) -> str:
-    from farm.build.compile import flags_differences, sample_text, waived_text
+    from farm.recipes.buildoutput import flags_differences, sample_text, waived_text
 
     flags = record.get("flags")
     if flags:
@@ -469,43 +467,6 @@ def generate(records_folder: Path | None = None, out: Path | None = None) -> tup
 
 # ---------------------------------------------------------------- CLI: farm recipes status | block | rebuild
 
-def register_verbs(verbs) -> None:
-    from farm.commands.common import (  # every option checked while parsing
-        add_path,
-        add_recipes,
-        arch_token_arg,
-        minutes_arg,
-    )
-
-    status = verbs.add_parser("status", help="print the status table and write docs/recipe-status.md from the "
-                                             "build records")
-    add_path(status, "--records", kind="input_dir", help="records folder (default recipes/records)")
-    add_path(status, "--out", kind="output_file", help=f"markdown file to write (default {STATUS_DOC}; "
-                                                          "with a recipes folder of one's own, recipe-status.md in it)")
-    add_recipes(status)
-    status.set_defaults(func=status_command)
-    block = verbs.add_parser("block", help="record why a recipe cannot be built (a blocked build record)")
-    block.add_argument("name")
-    block.add_argument("--why", required=True, help="one line: what blocks it")
-    block.add_argument("--records", type=Path, help="records folder (default recipes/records)")
-    add_recipes(block)
-    block.set_defaults(func=block_command)
-    unblocked = verbs.add_parser("unblock", help="put a blocked recipe's last measured build record back")
-    unblocked.add_argument("name")
-    unblocked.add_argument("--records", type=Path, help="records folder (default recipes/records)")
-    add_recipes(unblocked)
-    unblocked.set_defaults(func=unblock_command)
-    rebuild = verbs.add_parser("rebuild", help="build the named recipes' status cells one at a time, record them, "
-                                               "regenerate the table")
-    rebuild.add_argument("names", nargs="+")
-    rebuild.add_argument("--tier", choices=("full", "smoke", "flags"), default="full")
-    rebuild.add_argument("--for", dest="minutes", type=minutes_arg("--for"), help="flags tier: minutes of compile (default 10)")
-    rebuild.add_argument("--arch", type=arch_token_arg("--arch"), help="smoke tier: the token to build, e.g. 9.0a (default: the list's lowest)")
-    rebuild.add_argument("--runner", choices=("container", "host"), default="container")
-    add_recipes(rebuild)
-    rebuild.set_defaults(func=rebuild_command)
-
-
 def status_command(args) -> int:
     text, target = generate(args.records, args.out)
     print(text, end="")
@@ -543,8 +504,9 @@ def unblock_command(args) -> int:
 
 def rebuild_command(args) -> int:
     """One build at a time (each may use every core), records written even when a build fails."""
-    import subprocess
     import sys
+
+    from farm.process import call
 
     if args.arch is not None and args.tier != "smoke":
         raise BadInput("farm recipes rebuild", "--arch", args.arch, "only the smoke tier builds one chosen token")
@@ -567,7 +529,7 @@ def rebuild_command(args) -> int:
         elif args.tier == "flags":
             argv += ["--flags-only"] + (["--for", f"{args.minutes:g}"] if args.minutes is not None else [])
         print(f"$ farm {' '.join(argv[3:])}", flush=True)
-        if subprocess.run(argv).returncode != 0:
+        if call(argv) != 0:
             failed.append(cell)
     text, target = generate()
     print(text, end="")

@@ -17,11 +17,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from farm import settings
-from farm.arch.archlist import ArchList, parse_token
-from farm.build import gitsparse
+from farm.archlist import ArchList, parse_token
 from farm.errors import BadInput, shorten
 from farm.platforms import ARM_LANE, PLATFORMS, X86_LANE
 from farm.policy import Defaults, clamp, frozen, out_of_bounds
+from farm.recipes import gitsparse
 from farm.recipes.model import (
     CUDA_CONDITION,
     FULL_SHA,

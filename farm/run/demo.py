@@ -16,9 +16,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from farm import settings
+from farm import progress, settings
 from farm.arch.find import PYPI_SIMPLE
-from farm.build import progress
 from farm.build.cell import BuildResult, build_cell
 from farm.errors import DemoFailed
 from farm.process import last_useful_lines, run
@@ -88,7 +87,7 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
 
 def _carried_floor(dist_info: Path) -> str:
     """The floor the installed wheel's own build record names ("unknown" for a wheel built before floors)."""
-    from farm.build.label import BUILD_INFO_NAME
+    from farm.wheelhouse.names import BUILD_INFO_NAME
 
     try:
         info = json.loads((dist_info / BUILD_INFO_NAME).read_text())

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from farm import settings
 from farm.recipes.plan import Filters
-from farm.run.admission import mem_available_gb
 from farm.run.scheduling import Scheduler, default_jobs
 from farm.run.selection import OK_STATUSES, CellRun, Selection, select
+from farm.runners.admission import mem_available_gb
 
 
 @dataclass
@@ -122,8 +122,8 @@ def run_farm(options: RunOptions, *, out=None) -> RunResult:
 def _build_memory_cap_gb(sel: Selection) -> float | None:
     """What one child build may hold: asked of the runner its `farm build` makes (a container's memory
     limit; the host runner sets none), so the scheduler admits against the cap the child will have."""
+    from farm.platforms import cell_arch
     from farm.runners.choose import get_runner
-    from farm.runners.emulation import cell_arch
 
     return get_runner(sel.runner, arch=cell_arch(sel.todo[0].platform)).memory_cap_gb()
 

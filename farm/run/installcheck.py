@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from farm.errors import BadInput, FarmError
 from farm.pages.installmatrix import MATRIX_FILE, PAGE, WORKS, render_install_page
 from farm.platforms import LABELS, cell_suffix, host_platform
-from farm.process import last_line, run
+from farm.process import TimeoutExpired, last_line, run
 from farm.settings import cache_dir, display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.index import FILES, Config, House, channel_root
@@ -175,7 +174,7 @@ def _run_step(cmd: list[str], tools: Tools) -> str | None:
         proc = run(cmd, env=_env(tools), timeout=STEP_TIMEOUT)
     except OSError as exc:
         return f"{cmd[0]}: {exc.strerror or exc}"
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         return f"{Path(cmd[0]).name} did not finish in {STEP_TIMEOUT:.0f} s"
     return None if proc.returncode == 0 else first_line(proc.stderr + "\n" + proc.stdout)
 
@@ -248,8 +247,8 @@ def check_cell(cell: Cell, tools: Tools, installers: Iterable[str]) -> dict[str,
 def _import_problem(python: Path, package: Package, tools: Tools) -> str | None:
     """None when the package imports in the venv as the gate would import it, else the first problem."""
     from farm.build.verify.importcheck import import_installed, libcuda_stub_dir
-    from farm.build.verify.wheel import Wheel
     from farm.recipes.model import Verify
+    from farm.wheelhouse.wheelfile import Wheel
 
     workdir = Path(tempfile.mkdtemp(prefix="import-", dir=tools.work))
     wheel = Wheel(tools.root / FILES / package.project / package.file, workdir)

@@ -25,14 +25,14 @@ from pathlib import Path
 
 from farm.build.downloads import download
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
-from farm.build.verify.wheel import Wheel
+from farm.cachebudget import downloads_in_use
 from farm.errors import BadInput, FarmError
 from farm.recipes.model import Verify as VerifyKnobs
-from farm.run.cachebudget import downloads_in_use
 from farm.runners.engine import Engine, Mount
 from farm.runners.oldland import SUITE, CPythonSource, Oldland, ensure_oldland
 from farm.wheelhouse.manifest import ManifestEntry, house_folder, read_journal
 from farm.wheelhouse.names import normalize
+from farm.wheelhouse.wheelfile import Wheel
 from farm.yamlio import write_atomic
 
 CHECK_TIMEOUT = 1800   # one wheel: a venv, torch and its CUDA wheels unpacked, the import

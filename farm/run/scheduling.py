@@ -17,7 +17,6 @@ import json
 import os
 import select as io_select
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm import settings
-from farm.process import useful_lines
-from farm.run.admission import admit_jobs
+from farm.process import Popen, spawn, useful_lines
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
+from farm.runners.admission import admit_jobs
 from farm.runners.emulation import is_emulated
 
 OOM_PATTERNS = ("Killed signal terminated program", "died due to signal 9", "out of memory", "Out of memory",
@@ -45,7 +44,7 @@ def default_jobs() -> int:
 @dataclass
 class _Job:
     cell: CellRun
-    proc: subprocess.Popen
+    proc: Popen
     reserved_gb: float
     result_path: Path
     out_path: Path
@@ -167,8 +166,7 @@ class Scheduler:
         with open(out, "ab") as fh:
             fh.write(f"# attempt {cell.attempts}: {' '.join(argv)}\n".encode())
             fh.flush()
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)   # Ctrl-C reaches the run only
+            proc = spawn(argv, fh, env=env)   # a group of its own: Ctrl-C reaches the run only
         try:
             exit_fd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):   # not Linux >= 5.3: the loop polls every 0.2 s

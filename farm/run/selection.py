@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 from farm import settings
 from farm.errors import BadInput, FarmError
+from farm.platforms import cell_arch
 from farm.policy import DEFAULT_PEAK_GB_PER_JOB
 from farm.recipes.cells import Cell
 from farm.recipes.plan import Filters, Plan, full_plan, in_shard
 from farm.run.report import iso_utc
-from farm.runners.emulation import cell_arch, is_emulated
+from farm.runners.emulation import is_emulated
 
 if TYPE_CHECKING:   # the engine is looked for only when a cell needs an image
     from farm.runners.engine import Engine
@@ -111,7 +112,7 @@ class Contexts:
         return keys.key(cell, self.for_platform(cell.platform))
 
     def for_platform(self, platform: str):
-        from farm.recipes.buildkey import context_for
+        from farm.build.buildkey import context_for
 
         if platform not in self._by_platform:
             self._by_platform[platform] = context_for(platform, self.runner)
@@ -303,7 +304,7 @@ def select(filters: Filters, *, shard: tuple[int, int] | None = None, runner: st
            wheelhouse: Path | None = None, plan: Plan | None = None) -> Selection:
     """The cells of `plan` (default: the full plan) that `filters` and `shard` select, sorted into
     todo (with what they need), skipped (built) and unbuildable here."""
-    from farm.recipes.buildkey import KeyMaker
+    from farm.build.buildkey import KeyMaker
     from farm.settings import default_wheelhouse
     from farm.wheelhouse import built_keys
 
@@ -334,7 +335,7 @@ def select(filters: Filters, *, shard: tuple[int, int] | None = None, runner: st
 def missing_cells(plan: Plan, cells, wheelhouse=None, runner: str | None = None) -> list:
     """The cells whose build key (as `farm build` on `runner` would key them; default: this host's
     runner) is not in the wheelhouse manifest: `farm plan --missing` and the CI plan jobs."""
-    from farm.recipes.buildkey import KeyMaker
+    from farm.build.buildkey import KeyMaker
     from farm.wheelhouse import built_keys
 
     done = built_keys(wheelhouse)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from farm.runners.engine import Mount
-from farm.settings import PROJECT_ROOT, cache_dir
+from farm.settings import PROJECT_ROOT, cache_dir, ccache_dir
 
 RUNNER_KINDS = ("container", "host")
 ENTRYPOINT_MODULE = "farm.build.steps"
@@ -100,9 +100,7 @@ def standard_mounts(work: Path, out: Path, caches: dict[str, Path] | None = None
     cache_dir()); each lands at /farm/cache/<name>, where FARM_CACHE points inside.
     """
     if caches is None:
-        from farm.build.ccache import root_dir  # FARM_CCACHE_DIR may put the compiler cache elsewhere
-
-        caches = {name: root_dir() if name == "ccache" else cache_dir() / name for name in STANDARD_CACHES}
+        caches = {name: ccache_dir() if name == "ccache" else cache_dir() / name for name in STANDARD_CACHES}
     mounts = [Mount(PROJECT_ROOT, PROJECT_TARGET, read_only=True), Mount(work, WORK_TARGET), Mount(out, OUT_TARGET)]
     for name, path in caches.items():
         Path(path).mkdir(parents=True, exist_ok=True)

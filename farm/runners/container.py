@@ -22,8 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from farm import settings
-from farm.build import progress
+from farm import progress, settings
 from farm.errors import RunnerError
 from farm.platforms import host_arch
 from farm.process import last_line, run
@@ -215,7 +214,7 @@ class ContainerRunner:
             all_mounts += [Mount(src, dst, read_only=True) for src, dst in fake_arm_cpu(cache_dir() / "emulation")]
         # FARM_IN_CONTAINER: the toolkit step names an installed toolkit `image`, not `system`.
         step_env = {settings.CACHE.name: CACHE_TARGET, settings.IN_CONTAINER.name: "1", "PYTHONUNBUFFERED": "1",
-                    # the host compiler the build key was made with (farm.build.hostcompiler)
+                    # the host compiler the build key was made with (farm.runners.hostcompiler)
                     settings.HOST_COMPILER.name: settings.HOST_COMPILER.value(), **env}
         # The project is importable from its read-only mount, ahead of anything the caller adds.
         step_env["PYTHONPATH"] = ":".join(x for x in (PROJECT_TARGET, env.get("PYTHONPATH", "")) if x)

@@ -115,7 +115,7 @@ def why_no_python(arch: str, version: str) -> str | None:
 def why_not_session(tags: tuple[str, ...]) -> str | None:
     """The same reason for a nox build session, from its tags alone (`pyXY` and the platform, last): the
     session list stays as light as the cached plan it comes from. Windows cells are `farm build`'s to refuse."""
-    from farm.runners.emulation import cell_arch
+    from farm.platforms import cell_arch
 
     platform = tags[-1] if tags else ""
     py = next((t[2:] for t in tags if t[:3] == "py3" and t[2:].isdigit()), None)

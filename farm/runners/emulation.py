@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from farm import settings
 from farm.errors import BadInput
+from farm.platforms import cell_arch
 
 DEFAULT_EMULATED_JOBS = 1
 # How many times longer an emulated compile takes than the native one: `make bench` measured 8.3 for
@@ -33,11 +34,6 @@ def emulated_concurrency(environ: Mapping[str, str] | None = None) -> int:
     if value < 1:
         raise BadInput("environment", settings.EMULATED_JOBS.name, raw, "must be a whole number of at least 1")
     return value
-
-
-def cell_arch(platform: str) -> str:
-    """The machine a cell's platform builds for: linux_aarch64 -> aarch64, else x86_64."""
-    return "aarch64" if platform == "linux_aarch64" else "x86_64"
 
 
 def is_emulated(platform: str, host_arch: str | None = None) -> bool:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 from farm import settings
 from farm.errors import BadInput, EngineError, EngineUnavailable
 from farm.platforms import meminfo_gb
-from farm.process import last_line, run
+from farm.process import DEVNULL, CompletedProcess, TimeoutExpired, call, last_line, run, spawn
 from farm.runners.owner import OWNER_LABEL, ROLE_LABEL, owner_gone, owner_value
 
 ENGINE_NAMES = ("docker", "podman")
@@ -151,7 +150,7 @@ class Engine:
     def answers(self) -> tuple[bool, str]:
         try:
             p = self._run(["info", "--format", "{{json .}}"], check=False, timeout=_INFO_TIMEOUT)
-        except subprocess.TimeoutExpired:
+        except TimeoutExpired:
             return False, f"no answer in {_INFO_TIMEOUT}s"
         if p.returncode == 0:
             return True, ""
@@ -172,15 +171,13 @@ class Engine:
 
     # ----- plumbing -------------------------------------------------------------
 
-    def _run(self, args: list[str], check: bool = True, timeout: float | None = None,
-             **kw) -> subprocess.CompletedProcess:
-        kw.setdefault("capture_output", True)
-        kw.setdefault("text", True)
-        kw.setdefault("cwd", engine_cwd())
-        env = None if self.env is None else {**os.environ, **self.env}
-        p = subprocess.run([self.exe, *args], timeout=timeout, env=env, **kw)
+    def _env(self) -> dict[str, str] | None:
+        return None if self.env is None else {**os.environ, **self.env}
+
+    def _run(self, args: list[str], check: bool = True, timeout: float | None = None) -> CompletedProcess[str]:
+        p = run([self.exe, *args], timeout=timeout, env=self._env(), cwd=engine_cwd())
         if check and p.returncode != 0:
-            err = (p.stderr or "").strip().splitlines() if kw.get("text") else []
+            err = (p.stderr or "").strip().splitlines()
             raise EngineError(f"{self.name} {args[0]} failed (exit {p.returncode}): "
                               + (err[-1] if err else "no message"))
         return p
@@ -245,14 +242,14 @@ class Engine:
             args += ["--pull=never"]
         args.append(str(context))
         with _log_sink(log_path) as sink:
-            p = self._run(args, check=False, capture_output=False, stdout=sink, stderr=subprocess.STDOUT)
-        if p.returncode != 0:
+            code = call([self.exe, *args], sink, cwd=engine_cwd(), env=self._env())
+        if code != 0:
             last = ""
             if log_path:
                 lines = [ln for ln in Path(log_path).read_text(errors="replace").splitlines() if ln.strip()]
                 last = f": {lines[-1].strip()[-240:]}" if lines else ""
             where = f" (log {log_path})" if log_path else ""
-            raise EngineError(f"{self.name} build of {tag} failed (exit {p.returncode}){last}{where}")
+            raise EngineError(f"{self.name} build of {tag} failed (exit {code}){last}{where}")
         return self.image_id(tag) or ""
 
     def save(self, ref: str, archive: Path) -> None:
@@ -327,13 +324,12 @@ class Engine:
         reports a wrong exit status with the docker CLI against some podman services.
         """
         with _log_sink(log_path) as sink:
-            proc = subprocess.Popen([self.exe, "start", "--attach", container], stdout=sink,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=engine_cwd(),
-                                    env=None if self.env is None else {**os.environ, **self.env})
+            proc = spawn([self.exe, "start", "--attach", container], sink, cwd=engine_cwd(), env=self._env(),
+                         own_group=False)
             try:
                 proc.wait(timeout=timeout)
                 return True
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 self.rm(container)
                 proc.kill()
                 proc.wait()
@@ -418,7 +414,7 @@ class _log_sink:
 
     def __enter__(self):
         if self.path is None:
-            return subprocess.DEVNULL
+            return DEVNULL
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "ab")
         return self.fh

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from functools import lru_cache
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from farm.errors import BadInput
 from farm.platforms import host_arch
-from farm.process import run, signal_group
+from farm.process import TimeoutExpired, run, signal_group, spawn
 from farm.runners import images, syspkgs
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
@@ -100,11 +99,10 @@ class HostRunner:
         cwd = next((str(m.source) for m in mounts if m.target == WORK_TARGET), None)
         with open(log_path, "ab") as fh:
             # Own process group, so a timeout ends the step's compilers too.
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=step_env, cwd=cwd, start_new_session=True)
+            proc = spawn(cmd, fh, env=step_env, cwd=cwd)
             try:
                 return proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+            except TimeoutExpired:
                 signal_group(proc, hard=True)
                 proc.wait()
                 return 124

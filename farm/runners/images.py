@@ -6,7 +6,7 @@ together (builder_key hashes all three), and splitting it would split that key.
 Production builds FROM quay.io/pypa/manylinux_2_28_{x86_64,aarch64}. Where no registry
 is reachable (here), the base is debootstrapped Debian bookworm imported into the
 engine, with a debootstrapped Debian bullseye added at /opt/farm-sysroot: the sysroot the
-image's host compiler builds against (glibc 2.31, gcc 10; farm/build/hostcompiler.py).
+image's host compiler builds against (glibc 2.31, gcc 10; farm/runners/hostcompiler.py).
 Everything heavy is cached under cache_dir()/images and keyed by a hash of
 its recipe, so nothing is rebuilt unless the recipe (package list, Dockerfile,
 install script) changed.
@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -30,13 +29,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from farm import settings
-from farm.build import progress
-from farm.build.hostcompiler import compiler_env
+from farm import progress, settings
 from farm.errors import BadInput, EngineError, ImageError
 from farm.platforms import host_arch, plat_glibc
-from farm.process import last_line, run
+from farm.process import call, last_line, run
 from farm.runners.engine import Engine, Mount, full_id
+from farm.runners.hostcompiler import compiler_env
 from farm.settings import PROJECT_ROOT, cache_dir
 from farm.yamlio import write_atomic
 
@@ -103,7 +101,7 @@ def sha(*parts: bytes | str) -> str:
 
 def apt_packages() -> list[str]:
     """The apt package list, read from the one install script."""
-    out = subprocess.run(["sh", str(INSTALL_SCRIPT), "--print", "apt"], capture_output=True, text=True, check=True)
+    out = run(["sh", INSTALL_SCRIPT, "--print", "apt"], error=ImageError, what=f"{INSTALL_SCRIPT.name} --print apt")
     return out.stdout.split()
 
 
@@ -199,9 +197,9 @@ def _debootstrap(recipe: dict, tarball: Path, log: Path, quiet: bool, *, top: st
                "--include=" + ",".join(recipe["include"]), suite, str(root), settings.DEBIAN_MIRROR.value()]
         _say(f"debootstrap {suite} {recipe['arch']} (a few minutes; log {log})", quiet)
         with shown("debootstrap", log, debootstrap_progress()), open(log, "ab") as fh:
-            p = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
-        if p.returncode != 0:
-            raise ImageError(f"debootstrap failed (exit {p.returncode}): {last_line(log, default='')} (log {log})")
+            code = call(cmd, fh)
+        if code != 0:
+            raise ImageError(f"debootstrap failed (exit {code}): {last_line(log, default='')} (log {log})")
         # Trim what a builder never needs; keep the image small and the tarball stable.
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(root / junk, ignore_errors=True)
@@ -209,8 +207,8 @@ def _debootstrap(recipe: dict, tarball: Path, log: Path, quiet: bool, *, top: st
         if finish is not None:
             finish(root)
         tmp = tarball.with_suffix(".tar.part")
-        subprocess.run(["tar", "-C", str(root if top == "." else work), "--numeric-owner", "-cf", str(tmp), top],
-                       check=True)
+        run(["tar", "-C", root if top == "." else work, "--numeric-owner", "-cf", tmp, top], error=ImageError,
+            what=f"tar of the {arch} base")
         os.replace(tmp, tarball)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -322,7 +320,7 @@ class Image:
     layer_of_id: str = ""
     system_packages: list[str] = field(default_factory=list)
     # The host compiler a build uses when it is not the image's own gcc: {bin, sysroot, gcc, glibc}
-    # (docker/install-deps.sh, farm/build/hostcompiler.py). Empty on a manylinux image.
+    # (docker/install-deps.sh, farm/runners/hostcompiler.py). Empty on a manylinux image.
     toolchain: dict = field(default_factory=dict)
 
     @property
@@ -378,8 +376,8 @@ def render_production(arch: str, cuda: str = "13.0", engine_name: str = "docker"
              f"--build-arg BASE={base} --build-arg CUDA_VERSION={cuda} -t {tag} "
              f"{DOCKER_DIR.relative_to(PROJECT_ROOT)}",
              "# RUN farm-install-deps (package manager: dnf)"]
-    plan = subprocess.run(["sh", str(INSTALL_SCRIPT), "--dry-run", "dnf"], capture_output=True, text=True,
-                          check=True, env={**os.environ, "ARCH": arch, "CUDA_VERSION": cuda})
+    plan = run(["sh", INSTALL_SCRIPT, "--dry-run", "dnf"], env={**os.environ, "ARCH": arch, "CUDA_VERSION": cuda},
+               error=ImageError, what=f"{INSTALL_SCRIPT.name} --dry-run dnf")
     lines += plan.stdout.rstrip().splitlines()
     lines.append(f"# the image's tag: its AUDITWHEEL_PLAT, manylinux_2_28_{arch}")
     return "\n".join(lines)
@@ -539,7 +537,7 @@ def _probe(engine: Engine, ref: str, image_id: str, arch: str, base: str, key: s
         t = Path(tmp)
         (t / "probe.cpp").write_text(_PLAT_PROBE_CPP)
         facts = json.loads(engine.output(ref, ["cat", IMAGE_FACTS_PATH], network=False, arch=arch))
-        # The compiler a build uses (farm.build.hostcompiler): the image's toolchain when it has one.
+        # The compiler a build uses (farm.runners.hostcompiler): the image's toolchain when it has one.
         cxx = compiler_env(facts.get("toolchain")).get("CXX", "g++")
         engine.output(ref, [cxx, "-O2", "-shared", "-fPIC", "-pthread", "-o", "/probe/_probe.so", "/probe/probe.cpp"],
                       mounts=[Mount(t, "/probe")], network=False, arch=arch)

@@ -227,7 +227,7 @@ def verify(wheelhouse) -> list[str]:
         if hashlib.sha256(side).hexdigest() != e.metadata_sha256:
             problems.append(f"{rel}.metadata: sha256 differs from the manifest's metadata_sha256")
         # the gate's wheel module costs ~50 ms to import: only here
-        from farm.build.verify.wheel import ZIP_READ_ERRORS
+        from farm.wheelhouse.wheelfile import ZIP_READ_ERRORS
         try:
             with zipfile.ZipFile(wheel) as zf:
                 inner = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]

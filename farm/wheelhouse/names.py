@@ -17,6 +17,8 @@ from farm.errors import BadInput
 from farm.platforms import cell_suffix, from_wheel_platform_tag
 from farm.versions import cuda_from_tag, cuda_tag
 
+# The build record a farm wheel carries in its .dist-info (design.md §4.5): label writes it, recover reads it.
+BUILD_INFO_NAME = "farm_build.json"
 _LABEL = re.compile(r"(cu\d{2,})(?:torch(\d+)\.(\d+))?")
 _CPYTHON = re.compile(r"cp(\d)(\d+)")
 _PYFLOOR = re.compile(r">=\s*(\d+)\.(\d+)")

@@ -10,7 +10,7 @@ Order of writes, each one leaving an index whose every link resolves:
 A crash before 3 leaves temporaries nothing links; between 3 and 4 the pages are stale but complete, and
 publishing the same wheel again (a no-op on the journal) regenerates every page its arrival changes.
 
-Validation includes the verify gate's file checks (`farm.build.verify.wheel.wheel_file_problems`: member paths, links,
+Validation includes the verify gate's file checks (`farm.wheelhouse.wheelfile.wheel_file_problems`: member paths, links,
 WHEEL, RECORD hashes), not its import check. Publishing a wheel already recorded with the same sha256
 re-hashes the copy in files/: a damaged, missing or replaced copy (or sidecar) is put back atomically.
 On top of a torn, missing or empty journal a publish refuses while files/ holds a file the journal does
@@ -163,7 +163,7 @@ def _prepare(wheel: Path, rec: dict) -> _Prepared:
     if not wheel.is_file():
         raise BadInput(display(wheel), None, None, "file not found")
     # the gate's file checks only; its import is ~0.1 s
-    from farm.build.verify.wheel import wheel_file_problems
+    from farm.wheelhouse.wheelfile import wheel_file_problems
 
     problems = wheel_file_problems(wheel)
     if problems:

@@ -42,7 +42,7 @@ from farm.wheelhouse.manifest import (
     unframe,
     write_journal,
 )
-from farm.wheelhouse.names import parse_wheel_name
+from farm.wheelhouse.names import BUILD_INFO_NAME, parse_wheel_name
 from farm.wheelhouse.publish import _check_record, _entry, _Prepared, read_metadata
 
 
@@ -65,8 +65,7 @@ def carried_record(path: Path) -> dict:
     the file is not a readable farm wheel: listing it fails later, and says why). One it carries in another
     form than the build writes (design.md §4.5), or at odds with its label, is refused: BadInput naming the
     wheel, the key and the value."""
-    from farm.build.label import BUILD_INFO_NAME  # label's imports cost ~50 ms; only recover needs it
-    from farm.build.verify.wheel import ZIP_READ_ERRORS
+    from farm.wheelhouse.wheelfile import ZIP_READ_ERRORS
     try:
         wn = parse_wheel_name(path.name, str(path))
         with zipfile.ZipFile(path) as zf:
@@ -92,7 +91,7 @@ def carried_record(path: Path) -> dict:
 def _derive(path: Path, project: str, when: str, rec: dict) -> tuple[ManifestEntry, bytes]:
     """A record for a wheel file no record accounts for, from the file and the build record it carries
     (BadInput when it cannot be listed)."""
-    from farm.build.verify.wheel import wheel_file_problems
+    from farm.wheelhouse.wheelfile import wheel_file_problems
 
     wn = parse_wheel_name(path.name, str(path))
     if wn.project != project:

@@ -1,7 +1,7 @@
 """A git source: a bare mirror per URL (sources/git/), fetched without blobs (a partial clone); the
 ref (full SHA or tag) is resolved to a commit, which must equal the recipe's `commit` when one is
 given; the blobs a checkout needs are fetched into the mirror per commit, leaving out the paths the
-recipe's `exclude` names (farm/build/gitsparse.py), so a file upstream lacks is never asked for;
+recipe's `exclude` names (farm/recipes/gitsparse.py), so a file upstream lacks is never asked for;
 submodules are fetched from their own mirrors and recorded.
 """
 
@@ -12,22 +12,21 @@ import os
 import posixpath
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from filelock import FileLock
 
-from farm.build import gitsparse
 from farm.build.source.base import Fetched, git_error_line, sources_cache
 from farm.errors import BadInput, SourceError, shorten
-from farm.process import run
+from farm.process import CompletedProcess, run
+from farm.recipes import gitsparse
 from farm.recipes.model import FULL_SHA
 
 
 def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True,
-         input: str | None = None) -> subprocess.CompletedProcess:
+         input: str | None = None) -> CompletedProcess:
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_ASKPASS="true")
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
@@ -131,7 +130,7 @@ def fetch_git(
     ref must resolve to it. The values come from a loaded recipe's `Source` (checked there); what is
     checked here is what upstream holds.
 
-    `exclude`: sparse-checkout patterns of paths the build never reads (farm/build/gitsparse.py); a
+    `exclude`: sparse-checkout patterns of paths the build never reads (farm/recipes/gitsparse.py); a
     pattern under a submodule's path applies inside that submodule."""
     mirror = ensure_mirror(url)
     sha = resolve_ref(mirror, url, ref, where)

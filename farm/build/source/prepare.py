@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from farm.build import gitsparse
 from farm.build.source.archive import ARCHIVE_SUFFIXES, archive_name, download, extract_archive, fetch_sdist
 from farm.build.source.base import Fetched, sources_cache
 from farm.build.source.git import checkout, ensure_mirror, fetch_git, resolve_ref
 from farm.build.source.local import copy_path
 from farm.build.source.patches import apply_patches
 from farm.errors import BadInput
+from farm.recipes import gitsparse
 from farm.recipes.model import ExtraSource, Patch, Source
 
 

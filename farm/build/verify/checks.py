@@ -15,15 +15,15 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from farm.arch.archlist import ArchToken
 from farm.arch.fatbin import FatbinReport, read_fatbin
+from farm.archlist import ArchToken
 from farm.build.label import TORCH_FAMILY
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
-from farm.build.verify.wheel import Wheel, dotted, file_problems, glibc_of_tag, names_nvidia_wheel
 from farm.errors import FatbinError
 from farm.platforms import from_wheel_platform_tag, lane, origin_relative
 from farm.recipes.model import Verify as VerifyKnobs
+from farm.wheelhouse.wheelfile import Wheel, dotted, file_problems, glibc_of_tag, names_nvidia_wheel
 
 # DT_NEEDED names every Linux wheel may use (design.md §7.4): glibc's own libraries and the C++ runtime.
 _SYSTEM_NEEDED = re.compile(   # fullmatch
@@ -240,7 +240,7 @@ def check_floor(w: Wheel, exp: Expectation) -> CheckResult:
         return CheckResult("floor", "skip", "not a Linux wheel")
     if exp.floor is None:
         return CheckResult("floor", "skip", "no floor given (farm verify --floor)")
-    from farm.build.floor import highest, symbol_versions
+    from farm.floor import highest, symbol_versions
 
     allowed = symbol_versions(exp.floor, exp.platform)
     bins = w.elf_binaries()

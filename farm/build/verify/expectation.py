@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from farm.arch.archlist import ArchList
+from farm.archlist import ArchList
 from farm.errors import GateCannotRun
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.versions import cuda_tag
@@ -127,13 +127,6 @@ class Report:
         for c in self.checks:
             out.append(f"  {c.status:<4} {c.name}: {c.message}")
         return out
-
-
-def arches_found(report: dict) -> dict[str, list[str]]:
-    """The SASS and PTX the arches check found over all modules, from a report as written (verify.json)."""
-    check: dict = next((c for c in report.get("checks") or [] if c.get("name") == "arches"), {})
-    union = (check.get("details") or {}).get("union") or {}
-    return {"sass": list(union.get("sass") or []), "ptx": list(union.get("ptx") or [])}
 
 
 def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:

@@ -25,8 +25,8 @@ from farm.build.verify.checks import (
 from farm.build.verify.expectation import CheckResult, Expectation, Report
 from farm.build.verify.importcheck import ImportChild, check_import
 from farm.build.verify.torchenv import TorchEnv
-from farm.build.verify.wheel import ZIP_READ_ERRORS, Wheel
 from farm.errors import GateCannotRun
+from farm.wheelhouse.wheelfile import ZIP_READ_ERRORS, Wheel
 
 CHECKS = ("file", "filename", "metadata", "binaries", "elf", "floor", "torch_linkage", "arches", "import")
 

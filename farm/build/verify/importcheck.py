@@ -21,10 +21,10 @@ from pathlib import Path
 from farm.build.label import installed_path
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
-from farm.build.verify.wheel import Wheel, names_nvidia_wheel
 from farm.errors import GateCannotRun
 from farm.process import run
 from farm.recipes.model import Verify as VerifyKnobs
+from farm.wheelhouse.wheelfile import Wheel, names_nvidia_wheel
 
 DEVICE_ERROR = re.compile(r"(?i)cuda|gpu|device|driver|libcuda|nvml")
 IMPORT_TIMEOUT = 300

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 PROGRESS_FILE = "progress.jsonl"
+# How far a compile is, as its build tool prints it, one line at a time: ninja's `[n/N] ...`, CMake
+# Makefiles' `[ NN%] ...` (the compile log's reader counts them; its first-error reader skips them).
+NINJA = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
+CMAKE_PERCENT = re.compile(r"^\[\s*(\d+)%\]\s+(.*)$")
 KINDS = ("start", "progress", "end", "fail", "log")
 # The steps of one cell, in the order a person sees them (prebuild only when the recipe has one).
 CELL_STEPS = ("source", "downloads", "env", "toolkit", "prebuild", "compile", "label", "repair", "verify",

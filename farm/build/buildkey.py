@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm.platforms import cell_arch
 from farm.policy import Defaults
 from farm.recipes.cells import Cell
 
@@ -54,10 +55,10 @@ def context_for(platform: str, runner: str, plat: str | None = None) -> BuildCon
         return BuildContext("windows", "msvc", "win_amd64")
     if runner == "host":
         return BuildContext("host", "host", plat or "")
-    from farm.build import hostcompiler
+    from farm.runners import hostcompiler
     from farm.runners.images import base_ref, builder_key
 
-    arch = "aarch64" if platform == "linux_aarch64" else "x86_64"
+    arch = cell_arch(platform)
     chosen = hostcompiler.choice()   # the same image builds other bytes with its own gcc (design.md §6.4)
     return BuildContext("container", builder_key(arch, base_ref(arch)), plat or "",
                         "" if chosen == hostcompiler.CHOICES[0] else chosen)

@@ -19,10 +19,10 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from farm import settings
+from farm.build.source.scan import Hazard, scan_tree
 from farm.errors import BadInput
 from farm.policy import Defaults
 from farm.recipes.model import FULL_SHA
-from farm.recipes.scan import Hazard, scan_tree
 from farm.recipes.values import RECIPE_NAME, Reader, read_source
 
 _PLACEHOLDER_SHA = "0" * 64   # lets the loader's own rules check a pin before its sha256 is known
