@@ -28,7 +28,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
-from typing import Protocol
+from typing import Any, Protocol
 
 from farm import settings
 from farm.arch.archlist import ArchList, ArchToken
@@ -110,7 +110,7 @@ class BuildToolkit(Protocol):
     def stub_dirs(self) -> Sequence[PurePath | str]: ...
     def env(self) -> dict[str, str]: ...
     def require(self, arch_list: ArchList, cell: str = "") -> None: ...
-    def to_json(self) -> dict: ...
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def unemittable(arch_list: ArchList, gpu_codes: Sequence[str], gpu_archs: Sequence[str],
@@ -192,13 +192,13 @@ class Toolkit:
                 f"{who}CUDA {self.version} nvcc ({self.source}, {self.home}) cannot emit {' '.join(gone)} "
                 f"for arch list '{arch_list.torch()}' (it emits: {' '.join(self.gpu_codes)})")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["home"] = str(self.home)
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> Toolkit:
+    def from_json(cls, d: dict[str, Any]) -> Toolkit:
         d = dict(d)
         d["home"] = Path(d["home"])
         for k in ("gpu_codes", "gpu_archs", "components", "wheels"):
@@ -225,7 +225,7 @@ def _nvcc_list(nvcc: Path, flag: str) -> tuple[str, ...]:
     return tuple(proc.stdout.split())
 
 
-def inspect_toolkit(home: Path, source: str, arch: str, components: tuple[str, ...], wheels=()) -> Toolkit:
+def inspect_toolkit(home: Path, source: str, arch: str, components: tuple[str, ...], wheels: Iterable[str] = ()) -> Toolkit:
     nvcc = home / "bin" / "nvcc"
     ver = nvcc_version(nvcc)
     if ver is None:
