@@ -373,6 +373,18 @@ class BuildRecord(Mapping[str, Any]):
         return int(value) if value else None
 
     @property
+    def peak_process_mb(self) -> int | None:
+        """A build's own record: the largest single process its compile waited for, in MB."""
+        value = self._number("peak_process_mb")
+        return int(value) if value is not None else None
+
+    @property
+    def compiler_cache(self) -> Mapping[str, Any] | None:
+        """What the record says of the compiler cache: its decision and, in a build's own record, the
+        compile's `stats`."""
+        return self._object("compiler_cache") or None
+
+    @property
     def cache_hits(self) -> int | None:
         """The compiler cache's hits (a build's own record keeps them under its step's `stats`)."""
         cache = self._object("compiler_cache")
