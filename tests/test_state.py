@@ -146,3 +146,23 @@ def test_no_step_result_is_read_by_its_key_outside_the_state_module():
         if found:
             offenders[str(path.relative_to(FARM))] = found
     assert not offenders
+
+
+def test_a_recipe_record_is_assembled_from_the_state_of_a_flags_run_and_a_failed_one(tmp_path):
+    from farm.build.record import for_recipe
+    from farm.recipes.plan import cell_plan
+
+    cell, _ = cell_plan(CELL)
+    flags = {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"], "equal": True, "compiling_invocations": 2}
+    compiled = CompileStep(wheel=None, flags=flags, env={}, compiler_cache={"active": False}, nvcc_pid_namespace=False,
+                           peak_process_mb=300)
+    StepState().ran("compile", compiled, 60.0).write(tmp_path)
+    record = for_recipe("farm_demo", cell, tier="flags", tier_asked="flags", out=tmp_path, key="k" * 64,
+                        runner="host", started=0.0)
+    assert record.sass == ("sm_80", "sm_90") and record.ptx == ("compute_90",) and record.flags == flags
+    assert record.peak_mb == 300 and record.cache_hits is None and record.recipe == "farm_demo"
+    StepState().failing("compile", "nvcc failed").write(tmp_path)
+    (tmp_path / "compile.log").write_text(f"{tmp_path}/src/a.cu(3): error: no such thing\n")
+    failed = for_recipe("farm_demo", cell, tier="failed", tier_asked="full", out=tmp_path, key="k" * 64,
+                        runner="host", started=0.0, reason=f"{CELL}: compile failed (log: {tmp_path}/build.log)")
+    assert failed.tier == "failed" and failed.tier_asked == "full" and str(tmp_path) not in (failed.reason or "")

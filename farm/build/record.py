@@ -149,9 +149,8 @@ def for_recipe(recipe_name: str, cell: Cell, *, tier: str, tier_asked: str, out:
     record["compiler_cache"] = {"active": bool(state.compile and state.compile.cache_active),
                                 "hits": stats.get("hits"), "misses": stats.get("misses")}
     if state.compile and state.compile.flags:
-        flags = to_plain(state.compile.flags)
-        record["flags"] = flags
-        record["sass"], record["ptx"] = flags["sass"], flags["ptx"]
+        record["flags"] = to_plain(state.compile.flags)
+        record["sass"], record["ptx"] = state.compile.flags_targets
     if wheel_path is not None and wheel_path.is_file():
         record["wheel"], record["wheel_bytes"] = wheel, wheel_path.stat().st_size
     # the tag reached (a wheel the gate failed has one too) and the floor it was held to (design.md §7.8)

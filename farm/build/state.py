@@ -92,6 +92,12 @@ class CompileStep:
     peak_process_mb: int | None          # the largest single process it waited for (a cicc, usually)
 
     @property
+    def flags_targets(self) -> tuple[list[str], list[str]]:
+        """The flags tier's nvcc targets seen: (SASS, PTX), e.g. (['sm_80', 'sm_90'], ['compute_90'])."""
+        flags = self.flags or {}
+        return list(flags.get("sass") or []), list(flags.get("ptx") or [])
+
+    @property
     def cache_active(self) -> bool:
         return bool(self.compiler_cache.get("active"))
 
