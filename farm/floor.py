@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from farm import settings
 from farm.errors import BadInput
@@ -92,7 +93,7 @@ class Floor:
             return f"{self.tag} (torch's)"
         return f"{self.tag} ({self.source}; torch's {self.torch})"
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """As build records carry it (farm/recipes/buildrecord.py checks its form)."""
         return {"tag": self.tag, "torch": self.torch, "source": self.source, "text": self.text()}
 

@@ -220,7 +220,7 @@ class Tail:
     def __enter__(self) -> Tail:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -274,6 +274,6 @@ class Relay:
             tail.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for tail in self._tails:
             tail.stop()

@@ -128,7 +128,7 @@ def test_the_compile_environment_of_a_win_cell_is_msvcs_and_the_installed_toolki
     spec = StepSpec.read(win_spec(tmp_path))
     steps = step_entry.Steps(spec, lambda _m: None, ["toolkit", "compile"],
                              platform=windows.WindowsPlatform(recorded.host()))
-    steps.state["toolkit"] = steps.toolkit_step()
+    steps.toolkit_step()
     steps.torch_env = windows_torch_env(tmp_path)
     env = steps.compile_environment({})
 

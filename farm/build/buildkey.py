@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from farm.platforms import cell_arch
 from farm.policy import Defaults
@@ -25,6 +25,7 @@ from farm.recipes.cells import Cell
 if TYPE_CHECKING:
     from farm.build.farmdeps import FarmWheel
     from farm.recipes.model import Recipe
+    from farm.wheelhouse.manifest import ManifestEntry
 
 _TREE_SKIP = {".git", "build", "dist", "__pycache__", ".eggs"}
 
@@ -38,7 +39,7 @@ class BuildContext:
     plat_tag: str       # a requested platform tag (--plat); "" for the image's own
     compiler: str = ""  # FARM_HOST_COMPILER when not the default: the image's own gcc, not its toolchain
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, str]:
         # Without a compiler choice the dict, and so every key made before the choice existed, is unchanged.
         chosen = {"compiler": self.compiler} if self.compiler else {}
         return {"runner": self.runner, "image": self.image, "plat_tag": self.plat_tag, **chosen}
@@ -64,7 +65,7 @@ def context_for(platform: str, runner: str, plat: str | None = None) -> BuildCon
                         "" if chosen == hostcompiler.CHOICES[0] else chosen)
 
 
-def digest(data) -> str:
+def digest(data: object) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
@@ -88,7 +89,7 @@ class KeyMaker:
         self._recipe_digest: dict[str, str] = {}
         self.epoch = defaults.grid_policy.whole_default("build_epoch", 1)
         self.wheelhouse = wheelhouse     # where build_requires_farm wheels are looked up (default: as built_keys)
-        self._entries: dict[str, list] | None = None     # the house's live entries per project, read once
+        self._entries: dict[str, list[ManifestEntry]] | None = None     # the house's live entries per project, read once
 
     def farm_wheels(self, cell: Cell) -> list[FarmWheel]:
         """The cell's build_requires_farm wheels in the wheelhouse (farm/build/farmdeps.py); the journal is read once."""
@@ -120,14 +121,14 @@ class KeyMaker:
         return self._recipe_digest[name]
 
     @staticmethod
-    def _patch_digest(recipe, patch) -> str:
+    def _patch_digest(recipe: Recipe, patch: object) -> str:
         file = patch.get("file") if isinstance(patch, dict) else getattr(patch, "file", patch)
         path = Path(recipe.path).parent / "patches" / recipe.name / str(file)
         return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else f"missing:{file}"
 
     def key(self, cell: Cell, context: BuildContext | None = None) -> str:
         context = context or context_for(cell.platform, "container")
-        inputs = {
+        inputs: dict[str, Any] = {
             "recipe": self.recipe_digest(cell.recipe_name),
             "arch": cell.arch.arch_list.torch(),
             "torch": cell.torch_pin, "label": cell.local_label,

@@ -30,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from farm import settings
 from farm.process import run
@@ -57,7 +58,7 @@ def find_ccache() -> str | None:
     return shutil.which(TOOL)
 
 
-def ensure_ccache(log=print) -> str | None:
+def ensure_ccache(log: Callable[[str], None] = print) -> str | None:
     """ccache on this host: found on PATH, else `apt-get install -y ccache` when root on a Debian host."""
     found = find_ccache()
     if found or os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -88,7 +89,7 @@ def cache_env(*, enabled: bool, ccache_dir: str = "", basedir: str = "", stats_l
     }
 
 
-def decision(enabled: bool, group: str | None = None) -> dict:
+def decision(enabled: bool, group: str | None = None) -> dict[str, Any]:
     """What the build record says about the cache (before the step adds its findings)."""
     if not enabled:
         return {"enabled": False, "torch_wrapper": "off (TORCH_NO_COMPILER_WRAPPER=1)", "nvcc": "nvcc"}
@@ -96,7 +97,7 @@ def decision(enabled: bool, group: str | None = None) -> dict:
             "torch_wrapper": "on (torch prepends ccache to the C++ compiler; TORCH_NO_COMPILER_WRAPPER unset)"}
 
 
-def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict:
+def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict[str, Any]:
     """Inside the step: expand {NVCC}; without ccache in the runner, turn the cache off and say so."""
     if "PYTORCH_NVCC" not in env:
         return {"active": False}
@@ -132,7 +133,7 @@ def nvcc_namespace(env: Mapping[str, str]) -> dict[str, str]:
 HIT_COUNTERS = ("direct_cache_hit", "preprocessed_cache_hit")
 
 
-def read_stats_log(path: Path | str) -> dict:
+def read_stats_log(path: Path | str) -> dict[str, Any]:
     """Per-file outcome of one build from ccache's stats log: {hits, misses, uncacheable, files: {file: outcome}}.
 
     The log is blocks of `# <source file>` followed by counter names; a block with a *_cache_hit
@@ -143,7 +144,7 @@ def read_stats_log(path: Path | str) -> dict:
     current: str | None = None
     counters: list[str] = []
 
-    def close():
+    def close() -> None:
         if current is None:
             return
         if any(c in HIT_COUNTERS for c in counters):

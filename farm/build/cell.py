@@ -9,23 +9,27 @@ where the steps run; nothing here branches on what a step does inside.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from farm import __version__, progress, settings
+from farm import progress, settings
 from farm.build.buildkey import KeyMaker, context_for
+from farm.build.record import RecordFacts
+from farm.build.request import BuildRequest
 from farm.build.spec import SCHEMA, FarmWheel, StepPaths, StepSpec, Target, recipe_part, source_part
-from farm.errors import BadInput, BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
-from farm.floor import Floor, cell_floor, setting_floor
+from farm.build.state import StepState, need
+from farm.errors import BuildFailed, BuildOOM, FarmError, NeedsFarmWheel, NotBuildableHere
+from farm.floor import Floor, cell_floor
 from farm.platforms import cell_arch, host_arch
-from farm.recipes.buildrecord import write_record
+from farm.recipes.buildrecord import BuildRecord
 from farm.recipes.cells import Cell, smoke_cell
 from farm.recipes.model import Recipe
 from farm.recipes.plan import Plan, cell_plan
@@ -36,7 +40,10 @@ from farm.runners.emulation import is_emulated
 from farm.runners.host import HostRunner
 
 if TYPE_CHECKING:
+    from farm.archlist import ArchList
+    from farm.build.buildkey import BuildContext
     from farm.build.display import Outcome
+    from farm.build.farmdeps import FarmWheel as FarmWheelDep
 
 
 @dataclass
@@ -44,11 +51,11 @@ class BuildResult:
     cell_id: str
     status: str               # built | up-to-date | flags (no wheel: nvcc's targets recorded)
     wheel: Path | None
-    record: dict
+    record: BuildRecord | None    # None: up to date, nothing built
     record_path: Path | None
 
 
-def refusal(cell, recipe: Recipe, runner_kind: str | None) -> tuple[str, str] | None:
+def refusal(cell: Cell, recipe: Recipe, runner_kind: str | None) -> tuple[str, str] | None:
     """Why `cell` cannot build here with `runner_kind`, known before any work: (the reason every such
     cell shares, for `farm run`'s summary; the one line `farm build` prints for this cell), or None."""
     from farm.build import windows
@@ -73,37 +80,21 @@ def refusal(cell, recipe: Recipe, runner_kind: str | None) -> tuple[str, str] | 
     return None
 
 
-def check_buildable_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
+def check_buildable_here(cell: Cell, recipe: Recipe, runner_kind: str | None) -> None:
     why = refusal(cell, recipe, runner_kind)
     if why:
         raise NotBuildableHere(why[1])
 
 
-def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None = None, force: bool = False,
-               publish: bool = True, wheelhouse: Path | None = None, plat: str | None = None,
-               log=print, max_jobs: int | None = None, max_jobs_reason: str | None = None,
-               compiler_cache: bool = True, tier: str = "full", arch: str | None = None,
-               flags_minutes: float | None = None, record: bool | None = None,
-               mem_budget_gb: float | None = None) -> BuildResult:
-    """max_jobs: the jobs the caller admitted (`farm run`), with the reason when it clamped them (recorded,
-    never keyed); without it the build admits itself against `mem_budget_gb`, default MemAvailable
-    (design.md §11.2). compiler_cache: ccache for the (CUDA, torch) group (farm/build/ccache.py; recorded).
-
-    tier (see TIERS): `smoke` builds one token of the list (`arch`, default the lowest) and is never
-    published; `flags` records nvcc's targets for `flags_minutes` and builds no wheel. record: write
-    the recipe's build record (recipes/records/<name>.json) at the end, failed or not; None: when
-    FARM_RECORD=1."""
-    if tier not in TIERS:
-        raise BadInput("farm build", "tier", tier, f"expected one of {', '.join(TIERS)}")
-    if record is None:
-        record = settings.RECORD.get() == "1"
-    setting_floor()   # a FARM_MANYLINUX_FLOOR that is no floor: refused before any work (design.md §7.8)
+def build_cell(request: BuildRequest, log: Callable[[str], None] = print) -> BuildResult:
+    """Build the requested cell (design.md §6): up to date when the wheelhouse has its key (unless forced),
+    else its steps, its record and, for the full tier, its wheel published."""
     started = time.time()
-    cell, plan = cell_plan(cell_id)
+    cell, plan = cell_plan(request.cell_id)
     recipe = plan.recipes[cell.recipe_name]
-    check_buildable_here(cell, recipe, runner_kind)
-    check_toolkit_here(cell, recipe, runner_kind)   # before any download or image build
-    house = Path(wheelhouse or settings.wheelhouse_dir())
+    check_buildable_here(cell, recipe, request.runner_kind)
+    check_toolkit_here(cell, recipe, request.runner_kind, request.toolkit_source)   # before any download or image build
+    house = request.wheelhouse
     keys = KeyMaker(plan.defaults, plan.recipes, wheelhouse=house)
     farm_wheels = keys.farm_wheels(cell)   # the journal read once: the key below sees the same wheels
     for wheel in farm_wheels:
@@ -111,28 +102,23 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             from farm.build.farmdeps import missing_line
 
             raise NeedsFarmWheel(missing_line(cell.id, wheel, house))
-    if tier == "smoke":
-        cell = smoke_cell(cell, arch)   # its own arch list, so its own build key
-    elif arch is not None:
-        raise BadInput("farm build", "--arch", arch, "only a --smoke build takes one token of the list")
-    if tier != "full":
-        publish = False
-    if tier == "flags":
-        compiler_cache = False   # a cache hit would skip the very nvcc call the flags tier records
+    if request.tier == "smoke":
+        cell = smoke_cell(cell, request.arch)   # its own arch list, so its own build key
     if cell.platform == "windows":
         # ccache wraps nvcc through PYTORCH_NVCC, a route only Linux builds have exercised: off on Windows,
         # and the build record says so.
-        compiler_cache = False
-    runner, described, target, plat, context = _runner_for(cell, runner_kind, plat, recipe)
+        request = dataclasses.replace(request, compiler_cache=False)
+    runner, described, target, plat, context = _runner_for(cell, request.runner_kind, request.plat, recipe)
+    request = dataclasses.replace(request, plat=plat)   # as the image can give it
     key = keys.key(cell, context)
 
     def up_to_date(why: str) -> BuildResult | None:
         """The published wheel of this very key, unless --force."""
         done = [e for e in entries if e.build_key == key]
-        if not done or force:
+        if not done or request.force:
             return None
         log(f"{cell.id}: up to date ({why}: {done[-1].file})")
-        return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, {}, None)
+        return BuildResult(cell.id, "up-to-date", house / "files" / done[-1].project / done[-1].file, None, None)
 
     entries = _cell_entries(house, cell.id)
     if result := up_to_date(f"build key {key[:12]} already in {house}"):
@@ -142,43 +128,40 @@ def build_cell(cell_id: str, *, runner_kind: str | None = None, out: Path | None
             entries = _cell_entries(house, cell.id)
             if result := up_to_date("published by the build this one waited for"):
                 return result
-        out = build_dir(cell.id, out)
-        if tier == "flags" and flags_minutes is None:
-            flags_minutes = DEFAULT_FLAGS_MINUTES
         build_number = 1 + max(int(e.build_tag or 0) for e in entries) if entries else None
-        if max_jobs is None:   # nobody admitted this build: it admits itself, against what is free now
-            max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0],
-                                                    recipe.peak_gb(plan.defaults), mem_budget_gb, runner.memory_cap_gb())
+        if request.max_jobs is None:   # nobody admitted this build: it admits itself, against what is free now
+            max_jobs, max_jobs_reason = admit_alone(recipe.parallelism(plan.defaults)[0], recipe.peak_gb(plan.defaults),
+                                                    request.mem_budget_gb, runner.memory_cap_gb())
+            request = dataclasses.replace(request, max_jobs=max_jobs, max_jobs_reason=max_jobs_reason)
             if max_jobs_reason:
                 log(f"{cell.id}: {max_jobs_reason}")
-        job = BuildJob(cell, recipe, plan, runner, described, target, key, house, farm_wheels, out, build_number,
-                       publish=publish, plat=plat, log=log, started=started, max_jobs=max_jobs,
-                       max_jobs_reason=max_jobs_reason, compiler_cache=compiler_cache, tier=tier,
-                       flags_minutes=flags_minutes)
+        job = BuildJob(request, cell, recipe, plan, runner, described, target, key, farm_wheels, build_number,
+                       log=log, started=started)
         try:
             result = _build_locked(job)
         except BuildFailed as exc:
-            if record:
-                from farm.recipes.status import write_build_record
-
-                write_build_record(recipe, cell, tier="failed", tier_asked=tier, out=out, key=key,
-                                   runner=runner.kind, started=started, reason=str(exc))
+            if request.record:
+                _record_for_recipe(job, "failed", reason=str(exc))
             raise
-        if record:
-            from farm.recipes.status import write_build_record
-
-            path = write_build_record(recipe, cell, tier=tier, tier_asked=tier, out=out, key=key,
-                                      runner=runner.kind, started=started, build=result.record)
-            log(f"{cell.id}: {tier} build recorded in {settings.display(path)}")
+        if request.record:
+            path = _record_for_recipe(job, request.tier, build=result.record)
+            log(f"{cell.id}: {request.tier} build recorded in {settings.display(path)}")
         return result
 
 
-def build_dir(cell_id: str, out: Path | None = None) -> Path:
-    """Where a cell's build keeps its logs, state and wheel: `out`, else the project's build/<cell id>."""
-    return Path(out or settings.PROJECT_ROOT / "build" / cell_id).resolve()   # steps run in the work dir
+def _record_for_recipe(job: BuildJob, tier: str, *, build: BuildRecord | None = None,
+                       reason: str | None = None) -> Path:
+    """The recipe's record of this build (recipes/records/, design.md §4.5), failed or not."""
+    from farm.build.record import for_recipe
+    from farm.recipes.status import save_build
+
+    return save_build(job.recipe, for_recipe(job.recipe.name, job.cell, tier=tier, tier_asked=job.tier, out=job.out,
+                                             key=job.key, runner=job.runner.kind, started=job.started, build=build,
+                                             reason=reason))
 
 
-def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None, recipe: Recipe | None = None):
+def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None,
+                recipe: Recipe | None = None) -> tuple[Runner, dict[str, Any], Target, str | None, BuildContext]:
     """(runner, its description, the target, --plat as the image can give it, the build key's context)
     for the cell's lane, with the recipe's system packages provided; refused before any work when the
     image cannot give `plat` or is stale, or the host lacks a system package."""
@@ -209,11 +192,7 @@ def _runner_for(cell: Cell, runner_kind: str | None, plat: str | None, recipe: R
     return runner, described, target, plat, context
 
 
-TIERS = ("full", "smoke", "flags")
-DEFAULT_FLAGS_MINUTES = 10.0
-
-
-def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list) -> tuple[int, int]:
+def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list: ArchList) -> tuple[int, int]:
     """(max_jobs, nvcc_threads) for a smoke build: nvcc's threads run one file's codegens side by side,
     one per virtual arch, and a smoke list has one; the threads it cannot use become jobs, so the build
     keeps the recipe's jobs x threads codegens at once, the memory its peak_gb_per_job was measured at.
@@ -223,11 +202,10 @@ def smoke_parallelism(jobs: int, nvcc_threads: int, arch_list) -> tuple[int, int
     return jobs * nvcc_threads // usable, usable
 
 
-def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
+def check_toolkit_here(cell: Cell, recipe: Recipe, runner_kind: str | None, toolkit_source: str | None) -> None:
     """A CUDA 12.x cell needs an installed toolkit of its line (PyPI carries nvcc from 13.0 on): in
     the builder image for the container runner, on this machine for the host runner. Refused in one
     line before anything is downloaded or built."""
-    from farm.build.provision import source_asked
     from farm.build.toolkit import find_system_toolkit
     from farm.runners.choose import default_kind
     from farm.versions import vtuple
@@ -242,7 +220,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
             raise NotBuildableHere(f"{cell.id}: {exc}") from None
         return
     major = vtuple(cell.cuda)[0]
-    if major >= 13 or source_asked() == "pypi":
+    if major >= 13 or toolkit_source == "pypi":
         return
     if (runner_kind or default_kind()) == "container":
         image = images.load_image(cell_arch(cell.platform))
@@ -258,7 +236,7 @@ def check_toolkit_here(cell, recipe: Recipe, runner_kind: str | None) -> None:
                            f"and {where}")
 
 
-def _cell_entries(house: Path, cell_id: str) -> list:
+def _cell_entries(house: Path, cell_id: str) -> list[Any]:
     from farm.wheelhouse import read_journal
 
     if not (house / "manifest.jsonl").exists():
@@ -267,7 +245,7 @@ def _cell_entries(house: Path, cell_id: str) -> list:
 
 
 @contextmanager
-def _cell_lock(cell_id: str, log):
+def _cell_lock(cell_id: str, log: Callable[[str], None]) -> Iterator[bool]:
     """One build of a cell at a time on this host: its work dir is shared (cache_dir()/work/<cell>)."""
     from farm.filelock import lock
 
@@ -283,39 +261,37 @@ def _cell_lock(cell_id: str, log):
 
 @dataclass(frozen=True)
 class BuildJob:
-    """What `farm build` decided before taking the cell's lock: the locked build's steps read only this."""
+    """What `farm build` decided before taking the cell's lock: the locked build's steps read only this.
+    `request` as decided: --plat as the image gives it, the jobs admitted, the cache off on Windows."""
 
+    request: BuildRequest
     cell: Cell
     recipe: Recipe
     plan: Plan
     runner: Runner
-    described: dict               # runner.describe(), asked once
+    described: dict[str, Any]     # runner.describe(), asked once
     target: Target
     key: str
-    house: Path
-    farm_wheels: list             # farm.build.farmdeps wheels, each with its journal entry
-    out: Path
+    farm_wheels: list[FarmWheelDep]   # each with its journal entry
     build_number: int | None      # one above the cell's last published build, None for its first
-    publish: bool
-    plat: str | None
     log: Callable[[str], None]
     started: float
-    max_jobs: int | None
-    max_jobs_reason: str | None
-    compiler_cache: bool
-    tier: str
-    flags_minutes: float | None   # the flags tier's stop (DEFAULT_FLAGS_MINUTES unless given)
+
+    @property
+    def out(self) -> Path:
+        return self.request.out
+
+    @property
+    def house(self) -> Path:
+        return self.request.wheelhouse
+
+    @property
+    def tier(self) -> str:
+        return self.request.tier
 
     @property
     def work(self) -> Path:
         return settings.work_dir(self.cell.id)
-
-    @property
-    def flags_stop_after_s(self) -> float | None:
-        """When the flags tier stops the compile; None for the other tiers."""
-        if self.tier != "flags" or self.flags_minutes is None:
-            return None
-        return 60.0 * self.flags_minutes
 
     @property
     def log_path(self) -> Path:
@@ -331,12 +307,12 @@ class BuildJob:
 class _Setup:
     """What the phases of one locked build share once the folders, mounts and specs exist."""
 
-    mounts: list
+    mounts: list[Any]
     host_spec: Path               # for the source phase, which always runs on the host
     inside_spec: str              # the runner's spec, as the step sees it
     write_specs: Callable[[Floor | None], Path]   # both again once the floor is known (the step's)
     toolkit_source: str
-    record_base: dict
+    facts: RecordFacts            # what the build's record tells of the host's decisions
     jobs: int
     recipe_jobs: int
     relay: progress.Relay         # the steps' progress events (and, for -v, the compile log) to the display
@@ -357,18 +333,18 @@ def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
     floor = None if job.cell.platform == "windows" or torch_wheel is None else \
         cell_floor(torch_wheel, job.cell.platform, job.plan.defaults.grid_policy.manylinux_floor)
     if floor is not None:
-        setup.record_base["floor"] = floor.record()
         _append(job.log_path, f"[host] manylinux floor {floor.text()}")
+    facts = dataclasses.replace(setup.facts, floor=floor)
     setup.write_specs(floor)
     if job.recipe.pre_build:
         _run_phase(job, setup, "env,toolkit,prebuild", job.runner, setup.inside_spec, network=True)
     if job.tier == "flags":
         _run_phase(job, setup, "env,toolkit,compile", job.runner, setup.inside_spec, network=False)
-        return _flags_result(job.cell, job.out, setup.record_base, job.started, job.log)
+        return _flags_result(job, facts)
     _run_phase(job, setup, "env,toolkit,compile,label,repair,verify", job.runner, setup.inside_spec, network=False)
-    wheel, record = _built_record(job, setup)
-    record_path = write_record(job.out / "build.json", record)   # checked: its readers' schema (design.md §4.5)
-    if job.publish:
+    wheel, record = _built_record(job, setup, facts)
+    record_path = record.write(job.out / "build.json")   # checked when made: its readers' schema (design.md §4.5)
+    if job.request.publish:
         from farm.wheelhouse import publish as publish_wheels
 
         with progress.step("publish"):
@@ -380,13 +356,12 @@ def _build_phases(job: BuildJob, setup: _Setup) -> BuildResult:
 def _set_up(job: BuildJob) -> _Setup:
     """Fresh out and work folders, the runner's mounts and the two step specs."""
     from farm.build.ccache import group_dir
-    from farm.build.provision import source_asked
 
     for folder in (job.out, job.work):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     runner, cell = job.runner, job.cell
-    toolkit_source = source_asked()
+    toolkit_source = job.request.toolkit_source
     if toolkit_source is None:
         # A container gets NVIDIA's PyPI toolkit mounted from the cache; the host runner uses an
         # installed toolkit on the line when there is one.
@@ -395,24 +370,22 @@ def _set_up(job: BuildJob) -> _Setup:
     python, py_mounts = runner.python(cell.python)
     mounts += py_mounts
     recipe_jobs, nvcc_threads = job.recipe.parallelism(job.plan.defaults)
-    jobs = job.max_jobs or recipe_jobs   # as memory admission allowed (design.md §11.2)
+    jobs = job.request.max_jobs or recipe_jobs   # as memory admission allowed (design.md §11.2)
     if job.tier == "smoke":
         jobs, nvcc_threads = smoke_parallelism(jobs, nvcc_threads, cell.arch.arch_list)
     group_dir(cell.cuda, cell.torch, cell.links_torch).mkdir(parents=True, exist_ok=True)
-    if job.compiler_cache and runner.kind == "host":
+    if job.request.compiler_cache and runner.kind == "host":
         from farm.build.ccache import ensure_ccache
 
         ensure_ccache(log=lambda m: _append(job.log_path, f"[host] {m}"))   # the image brings its own
-    record_base: dict[str, object] = {"cell": cell.id, "build_key": job.key, "arch_list": cell.arch.arch_list.torch(),
-                   "arch_provenance": cell.arch.provenance, "torch": cell.torch_pin, "cuda": cell.cuda,
-                   "runner": runner.kind, "image": job.target.id, "farm_version": __version__, "tier": job.tier,
-                   "nvcc_threads": nvcc_threads}
-    if job.farm_wheels:   # keyed by their sha256; recorded so a dependent's wheel says what it was built against
-        record_base["build_requires_farm"] = [w.record() for w in job.farm_wheels]
+    facts = RecordFacts(cell=cell, key=job.key, runner=runner.kind, image=job.target.id, tier=job.tier,
+                        nvcc_threads=nvcc_threads, farm_wheels=tuple(w.record() for w in job.farm_wheels),
+                        started=job.started)
 
-    def spec_for(where_runner: str, seen, floor: Floor | None) -> Path:
+    def spec_for(where_runner: str, seen: Callable[[Path], Path], floor: Floor | None) -> Path:
         spec = _step_spec(job, seen, python=python, toolkit_source=toolkit_source, jobs=jobs,
-                          nvcc_threads=nvcc_threads, record_base=record_base, floor=floor)
+                          nvcc_threads=nvcc_threads, record=dataclasses.replace(facts, floor=floor).common(),
+                          floor=floor)
         return spec.write(job.out / f"spec-{where_runner}.json")
 
     def write_specs(floor: Floor | None) -> Path:
@@ -423,12 +396,12 @@ def _set_up(job: BuildJob) -> _Setup:
     host_spec = job.out / "spec-host.json"
     step_spec = write_specs(None)
     relay = progress.Relay(job.out / progress.PROGRESS_FILE, logs={"compile": job.out / "compile.log"})
-    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), write_specs, toolkit_source, record_base,
+    return _Setup(mounts, host_spec, runner.inside(step_spec, mounts), write_specs, toolkit_source, facts,
                   jobs, recipe_jobs, relay)
 
 
 def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, toolkit_source: str, jobs: int,
-               nvcc_threads: int, record_base: dict, floor: Floor | None) -> StepSpec:
+               nvcc_threads: int, record: dict[str, Any], floor: Floor | None) -> StepSpec:
     """The spec with every path of the out and work folders (and the caches) as `seen` maps it."""
     from farm.build.ccache import cache_env, group_dir
     from farm.build.stall import stall_limit
@@ -441,18 +414,18 @@ def _step_spec(job: BuildJob, seen: Callable[[Path], Path], *, python: str, tool
                            max_jobs=jobs, nvcc_threads=nvcc_threads),
         source=source_part(recipe), verify=recipe.verify,
         paths=StepPaths(out=seen(job.out), work=seen(job.work)),
-        python=python, target=job.target, toolkit_source=toolkit_source, plat=job.plat,
-        build_number=job.build_number, record=record_base,
+        python=python, target=job.target, toolkit_source=toolkit_source, plat=job.request.plat,
+        build_number=job.build_number, record=record,
         farm_wheels=tuple(FarmWheel(w.recipe, seen(job.staged / w.published.file), w.published.sha256) for w in job.farm_wheels),
-        flags_stop_after_s=job.flags_stop_after_s,
+        flags_stop_after_s=job.request.flags_stop_after_s,
         stall=stall_limit(recipe, cell.platform),   # a hung compile is killed, a slow one never (design.md §6.4)
-        compiler_cache_env=cache_env(enabled=job.compiler_cache,
+        compiler_cache_env=cache_env(enabled=job.request.compiler_cache,
                                      ccache_dir=str(seen(group_dir(cell.cuda, cell.torch, cell.links_torch))),
                                      basedir=str(seen(job.work)), stats_log=str(seen(job.out / "ccache-stats.log"))),
         floor=floor)
 
 
-def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, network: bool) -> None:
+def _run_phase(job: BuildJob, setup: _Setup, which: str, runner: Runner, spec: str, *, network: bool) -> None:
     code, _ = runner.run_step([which, "--spec", spec], env={}, mounts=setup.mounts, network=network,
                               log_path=job.log_path)
     setup.relay.poll()   # the phase's last events are shown before the host's next step starts
@@ -463,49 +436,31 @@ def _run_phase(job: BuildJob, setup: _Setup, which: str, runner, spec: str, *, n
         raise kind(f"{job.cell.id}: {line} (log: {job.log_path})")
 
 
-def _built_record(job: BuildJob, setup: _Setup) -> tuple[Path, dict]:
+def _built_record(job: BuildJob, setup: _Setup, facts: RecordFacts) -> tuple[Path, BuildRecord]:
     """The verified wheel and the build record, from what the steps wrote to steps.json."""
     from farm.build.ccache import decision, group_name
 
     cell, runner = job.cell, job.runner
-    state = json.loads((job.out / "steps.json").read_text())
-    wheel = Path(job.out / "wheel" / Path(state["verify"]["wheel"]).name)
-    record = {
-        **setup.record_base, "wheel": wheel.name, "build_number": job.build_number,
-        "torch_measured_arch_list": state["env"].get("torch_arch_list"),
-        "toolkit": {k: state["toolkit"].get(k) for k in ("version", "source", "home", "arch")},
-        # `tag`: the platform tag reached, as every record names it (§7.8); `image_tag`, its older name, stays
-        "tag": state["repair"].get("plat_tag"), "image_tag": state["repair"].get("plat_tag"),
-        "runner_info": job.described,
-        "network": runner.network_isolation_when_off(), "steps": state.get("timings", {}),
-        "source": state.get("source"), "grafted": state["repair"].get("grafted"),
-        "verify_warnings": state["verify"].get("warnings"), "log": str(job.log_path),
-        "dev_only": runner.network_isolation_when_off() == "open",
-        "seconds": round(time.time() - job.started, 1),
-        "max_jobs": setup.jobs, "max_jobs_recipe": setup.recipe_jobs,
-        "max_jobs_clamp": job.max_jobs_reason,
-        "compiler_cache": {**decision(job.compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)),
-                           **(state["compile"].get("compiler_cache") or {})},
-        "peak_process_mb": state["compile"].get("peak_process_mb"),
-    }
-    return wheel, record
+    state = StepState.read(job.out)
+    wheel = Path(job.out / "wheel" / Path(need(state.verify, "verify").wheel).name)
+    network = runner.network_isolation_when_off()
+    return wheel, facts.built(
+        state, wheel=wheel, build_number=job.build_number, described=job.described, network=network,
+        log_path=job.log_path, jobs=setup.jobs, recipe_jobs=setup.recipe_jobs, max_jobs_reason=job.request.max_jobs_reason,
+        cache_decision=decision(job.request.compiler_cache, group_name(cell.cuda, cell.torch, cell.links_torch)))
 
 
-def _flags_result(cell, out: Path, record_base: dict, started: float, log) -> BuildResult:
+def _flags_result(job: BuildJob, facts: RecordFacts) -> BuildResult:
     """A flags run's outcome: no wheel, the nvcc targets seen against the cell's list."""
     from farm.build.compile import flags_summary
 
-    state = json.loads((out / "steps.json").read_text())
-    flags = state["compile"]["flags"]
-    record = {**record_base, "wheel": None, "flags": flags, "steps": state.get("timings", {}),
-              "source": state.get("source"), "seconds": round(time.time() - started, 1),
-              "peak_process_mb": state["compile"].get("peak_process_mb"), "log": str(out / "build.log")}
-    record_path = write_record(out / "build.json", record)
-    log(f"{cell.id}: {flags_summary(flags)}")
-    return BuildResult(cell.id, "flags", None, record, record_path)
+    record = facts.flags(StepState.read(job.out), job.out / "build.log")
+    record_path = record.write(job.out / "build.json")
+    job.log(f"{job.cell.id}: {flags_summary(record.flags or {})}")
+    return BuildResult(job.cell.id, "flags", None, record, record_path)
 
 
-def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, log_path: Path) -> Path | None:
+def _download_inputs(cell: Cell, recipe: Recipe, target: Target, toolkit_source: str, log_path: Path) -> Path | None:
     """Host side: torch and its closure, build deps and toolkit wheels, for the target's Python and platform;
     the torch wheel's file (whose tag is the cell's floor, design.md §7.8)."""
     from farm.build.environments import EnvRequest, download_build_deps, download_environment
@@ -525,7 +480,8 @@ def _download_inputs(cell, recipe: Recipe, target: Target, toolkit_source: str, 
     return torch_wheel
 
 
-def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: Path) -> None:
+def _stage_farm_wheels(cell: Cell, farm_wheels: Iterable[FarmWheelDep], house: Path, folder: Path,
+                       log_path: Path) -> None:
     """Host side: the build_requires_farm wheels into the cell's work dir, which every runner mounts, for the
     environment step's offline install. The bytes must be the ones the manifest (and so the key) names."""
     from farm.wheelhouse.maintain import file_sha256
@@ -544,7 +500,7 @@ def _stage_farm_wheels(cell, farm_wheels, house: Path, folder: Path, log_path: P
                 raise BuildFailed(f"{cell.id}: cannot stage {wheel.recipe}'s wheel {source}: {exc.strerror}") from None
         found = file_sha256(target)
         if found != wheel.sha256:
-            raise BuildFailed(f"{cell.id}: {source} has sha256 {found[:12]}, the manifest says {wheel.sha256[:12]}: "
+            raise BuildFailed(f"{cell.id}: {source} has sha256 {found[:12]}, the manifest says {wheel.published.sha256[:12]}: "
                               f"`farm index verify` the wheelhouse")
         _append(log_path, f"[host] staged {wheel.recipe}'s wheel {wheel.published.file} (sha256 {wheel.published.sha256[:12]})")
 
@@ -570,27 +526,25 @@ def outcome(cell_id: str, out: Path, result: BuildResult | None = None) -> Outco
     asked for and what the gate found in the binary, the compiler cache, the logs (design.md §6.9)."""
     from farm.build.compile import flags_summary
     from farm.build.display import Outcome, fmt_s
+    from farm.build.record import asked_arch_list
     from farm.recipes.buildoutput import arches_found, by_arch
 
-    def read(name: str) -> dict:
-        try:
-            data = json.loads((out / name).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    record = result.record if result is not None else {}
-    asked = record.get("arch_list") or (read("spec-host.json").get("record") or {}).get("arch_list")
+    record = result.record if result is not None else None
+    asked = (record.arch_list if record is not None else None) or asked_arch_list(out)
     logs = [out / "build.log", out / "compile.log"]
     if result is None:
         return Outcome(f"{cell_id}: failed", arch_list=asked, logs=logs)
-    if result.status == "up-to-date":
+    if result.status == "up-to-date" or record is None:
         return Outcome(f"{cell_id}: up to date", wheel=result.wheel)
-    found = arches_found(read("verify.json"))
-    stats = (record.get("compiler_cache") or {}).get("stats") or {}
+    try:
+        report = json.loads((out / "verify.json").read_text())
+    except (OSError, ValueError):
+        report = {}
+    found = arches_found(report if isinstance(report, dict) else {})
+    stats = record.cache_stats
     extra = [("record", str(result.record_path))] if result.record_path else []
-    if result.status == "flags":
-        extra.insert(0, ("flags", flags_summary(record["flags"])))
-    return Outcome(f"{cell_id}: {result.status} in {fmt_s(record.get('seconds'))}", wheel=result.wheel,
+    if record.flags:
+        extra.insert(0, ("flags", flags_summary(record.flags)))
+    return Outcome(f"{cell_id}: {result.status} in {fmt_s(record.seconds)}", wheel=result.wheel,
                    arch_list=asked, sass=by_arch(found["sass"]), ptx=by_arch(found["ptx"]),
                    cache={k: stats.get(k) for k in ("hits", "misses")} if stats else None, logs=logs, extra=extra)

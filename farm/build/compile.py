@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path, PurePath
+from typing import IO, TYPE_CHECKING, Any
 
 from farm.archlist import ArchList
 from farm.build.compilelog import failure_line
@@ -31,6 +32,9 @@ from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed, CompileStalled
 from farm.process import Popen, TimeoutExpired, run, signal_group, spawn
 from farm.recipes.buildoutput import by_arch, flags_differences, sample_text, waived_text
+
+if TYPE_CHECKING:
+    from farm.build.environments import TorchEnv
 
 # Caller variables a build may legitimately need; everything else starts clean.
 PASS_THROUGH = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ", "SOURCE_DATE_EPOCH",
@@ -52,7 +56,7 @@ def _expand(value: object, names: Mapping[str, str], key: str) -> str:
     return _PLACEHOLDER.sub(lambda m: names[m.group(1)], text)
 
 
-def _join(*parts) -> str:
+def _join(*parts: object) -> str:
     out: list[str] = []
     for p in parts:
         for item in (p if isinstance(p, (list, tuple)) else [p]):
@@ -63,7 +67,7 @@ def _join(*parts) -> str:
     return os.pathsep.join(out)
 
 
-def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env=None, cuda: str | None = None,
+def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env: TorchEnv | None = None, cuda: str | None = None,
                         max_jobs: int = 3, nvcc_threads: int = 1, nvcc_flags: str | Sequence[str] = "",
                         recipe_env: Mapping[str, object] | None = None, exported: Mapping[str, str] | None = None,
                         base: Mapping[str, str] | None = None,
@@ -163,6 +167,7 @@ def nvcc_in_own_pid_namespace(env: dict[str, str], nvcc: PurePath | str) -> bool
 # imported torch.
 PEP517_BUILD = r"""
 import importlib, json, os, sys
+
 backend, backend_path, wheel_dir = json.loads(sys.argv[1])
 sys.path[:0] = backend_path
 print(f"farm: PEP 517 build_wheel of {backend}", flush=True)
@@ -248,7 +253,7 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     return final
 
 
-def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: float | None = None,
+def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out: IO[Any], limit: float | None = None,
               stall: float | None = None) -> int | str:
     """Run `cmd` in its own process group, its output to the file `out`; stop the whole group past `limit`
     seconds ("timeout"), or once `out` has not grown for `stall` seconds ("stalled": hung, design.md §6.4)."""
@@ -279,7 +284,7 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out, limit: flo
         raise
 
 
-def _stop_group(proc: Popen) -> None:
+def _stop_group(proc: Popen[Any]) -> None:
     """SIGTERM the group, SIGKILL whatever is left 10 s later (the group outlives its leader)."""
     signal_group(proc, hard=False)
     with contextlib.suppress(TimeoutExpired):
@@ -434,7 +439,7 @@ def nvcc_targets(argv: Sequence[str]) -> set[str]:
 
 
 def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | None] | None = None,
-                 objects_total: int | None = None, forgiven: Collection[str] = ()) -> dict:
+                 objects_total: int | None = None, forgiven: Collection[str] = ()) -> dict[str, Any]:
     """The targets seen across the compiling nvcc calls, against the cell's list (SASS per token,
     PTX per +PTX token): equal, or what is missing and extra; and how many calls differ on their own.
     CMake's configure probes are calls, but compile nothing of the wheel: they count as no target.
@@ -469,7 +474,7 @@ def flags_report(calls: list[list[str]], arch_list: ArchList, cpu: list[float | 
     return report
 
 
-def flags_summary(report: dict) -> str:
+def flags_summary(report: Mapping[str, Any]) -> str:
     """One line: `flags verified, not built: ...`."""
     seen = " ".join(report["sass"] + report["ptx"] + report["other"]) or "no targets"
     head = f"flags verified, not built: {seen} across {report['compiling_invocations']} nvcc invocation(s)"

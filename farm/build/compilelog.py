@@ -133,7 +133,7 @@ class CompileWatch:
         self._tail.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._tail.stop()
         self.hits = self._cache_hits()
 

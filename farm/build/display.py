@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
 from farm.progress import Event
 
@@ -73,7 +73,7 @@ class Throttle:
 class Terminal:
     """rich on a terminal (or when plain=False), else plain lines with a prefix."""
 
-    def __init__(self, plain: bool | None = None, stream=None, prefix: str = "[farm]"):
+    def __init__(self, plain: bool | None = None, stream: TextIO | None = None, prefix: str = "[farm]"):
         self.stream = stream or sys.stdout
         self.rich = (not plain) if plain is not None else bool(getattr(self.stream, "isatty", lambda: False)())
         self.prefix = prefix
@@ -133,7 +133,7 @@ class Outcome:
     arch_list: str | None = None
     sass: list[str] = field(default_factory=list)
     ptx: list[str] = field(default_factory=list)
-    cache: dict | None = None                   # {hits, misses} of the compiler cache
+    cache: dict[str, Any] | None = None                   # {hits, misses} of the compiler cache
     logs: list[Path] = field(default_factory=list)
     extra: list[tuple[str, str]] = field(default_factory=list)
 
@@ -141,7 +141,7 @@ class Outcome:
 class StepDisplay(Terminal):
     """The progress sink `farm build`, `farm demo` and `farm images build` use (see the module doc)."""
 
-    def __init__(self, plain: bool | None = None, stream=None, *, quiet: bool = False, verbose: bool = False,
+    def __init__(self, plain: bool | None = None, stream: TextIO | None = None, *, quiet: bool = False, verbose: bool = False,
                  interval: float = PLAIN_INTERVAL, prefix: str = "[farm build]",
                  clock: Callable[[], float] = time.monotonic, heartbeat: float = HEARTBEAT):
         super().__init__(plain, stream, prefix)
@@ -255,7 +255,7 @@ class StepDisplay(Terminal):
             self._last_refresh = now
             self._live.refresh()
 
-    def _renderable(self):
+    def _renderable(self) -> Any:
         from rich.spinner import Spinner
         from rich.table import Table
 

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from farm import progress
 from farm.cachebudget import downloads_in_use, enforce_budget, touch
 from farm.errors import DownloadFailed, FarmError
 from farm.platforms import marker_environment
-from farm.process import last_useful_lines, stream
+from farm.process import CompletedProcess, last_useful_lines, stream
 from farm.settings import cache_dir
 from farm.versions import python_tag, vtuple
 from farm.yamlio import write_atomic
@@ -130,7 +131,8 @@ class DownloadSet:
         return None
 
 
-def _manifest_key(requirements, constraints, python, platform, glibc, index: Index) -> str:
+def _manifest_key(requirements: Iterable[str], constraints: Iterable[str], python: str, platform: str, glibc: str,
+                  index: Index) -> str:
     blob = json.dumps([sorted(requirements), sorted(constraints), python, platform, glibc, index.url,
                        index.extra_url], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -149,7 +151,7 @@ def load_manifest(path: Path, dl_dir: Path) -> DownloadSet | None:
 
 def download(requirements: list[str] | tuple[str, ...], *, python: str, platform: str, glibc: str = "2.28",
              constraints: list[str] | tuple[str, ...] = (), index: Index = Index(), no_deps: bool = False,
-             log=None, root: Path | None = None) -> DownloadSet:
+             log: Callable[[str], None] | None = None, root: Path | None = None) -> DownloadSet:
     """pip download `requirements` (+ dependencies) for Python `python` on `platform` into the cache.
 
     A repeated identical request is answered from its manifest without running pip.
@@ -229,7 +231,8 @@ def _saved(stdout: str) -> list[str]:
     return sorted({Path(m.group(1)).name for ln in stdout.splitlines() if (m := _SAVED.match(ln))})
 
 
-def _raise_unless_done(proc, requirements, python: str, platform: str, index: Index) -> None:
+def _raise_unless_done(proc: CompletedProcess[str], requirements: Sequence[str], python: str, platform: str,
+                       index: Index) -> None:
     if proc.returncode != 0:
         tail = last_useful_lines(proc.stderr or proc.stdout, 3, skip=lambda ln: ln.startswith("[notice]"))
         raise DownloadFailed(f"pip download {' '.join(requirements)} for Python {python} {platform} "
@@ -275,7 +278,7 @@ def _no_distribution(output: str) -> str | None:
     return found.group(1) if found else None
 
 
-def wheel_from_sdist(requirement: str, folder: Path, python: str, platform: str, log) -> Path:
+def wheel_from_sdist(requirement: str, folder: Path, python: str, platform: str, log: Callable[[str], None]) -> Path:
     """A project that publishes only an sdist (fvcore): its wheel built here, accepted only when it is pure
     Python (`py3-none-any`), since a compiled one would be for this host, not the target."""
     import tempfile
@@ -354,7 +357,8 @@ class DownloadProgress:
                                          unit="bytes", current=self.file))
 
 
-def find_manifest(requirements, *, python: str, platform: str, glibc: str = "2.28", constraints=(),
+def find_manifest(requirements: Sequence[str], *, python: str, platform: str, glibc: str = "2.28",
+                  constraints: Sequence[str] = (),
                   index: Index = Index(), no_deps: bool = False, root: Path | None = None) -> DownloadSet | None:
     """The cached result of an earlier identical `download` call (offline; None when absent)."""
     root = root or cache_dir()

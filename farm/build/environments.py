@@ -28,9 +28,10 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from farm import cachebudget, settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
@@ -39,6 +40,9 @@ from farm.process import CompletedProcess, last_useful_lines, run
 from farm.settings import cache_dir, defaults_dir, display
 from farm.versions import cuda_tag, minor_of, vtuple
 from farm.yamlio import load_yaml
+
+if TYPE_CHECKING:
+    from farm.recipes.cells import Cell
 
 # Installed next to torch in every base: cpp_extension honours MAX_JOBS only with ninja.
 BASE_PACKAGES = ("ninja",)
@@ -67,7 +71,7 @@ class EnvRequest:
     glibc: str = "2.28"    # the build target's glibc (image or host): which manylinux wheels fit
 
     @classmethod
-    def for_cell(cls, cell, glibc: str = "2.28") -> EnvRequest:
+    def for_cell(cls, cell: Cell, glibc: str = "2.28") -> EnvRequest:
         return cls(python=cell.python, torch_pin=cell.torch_pin, cuda=cell.cuda, platform=cell.platform,
                    glibc=glibc)
 
@@ -84,7 +88,7 @@ class TorchEnv:
     key: str
     pins: tuple[str, ...] = ()      # base: every package==version; overlay: the build_deps added
     base: Path | None = None        # overlay: the base it extends
-    info: dict = field(default_factory=dict, compare=False)
+    info: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def torch_arch_list(self) -> str | None:
@@ -117,7 +121,7 @@ class TorchEnv:
                 return root / "torch" / "lib"
         raise EnvironmentFailed(f"no torch/lib under {self.path}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("path", "python", "site_packages", "base"):
             d[k] = None if d[k] is None else str(d[k])
@@ -190,7 +194,7 @@ def _check_index(index: Index, req: EnvRequest) -> None:
             f"here: {why}")
 
 
-def download_environment(req: EnvRequest, *, log=None, root: Path | None = None) -> DownloadSet:
+def download_environment(req: EnvRequest, *, log: Callable[[str], None] | None = None, root: Path | None = None) -> DownloadSet:
     """Host side: torch==<pin> + its closure + BASE_PACKAGES for the target Python/platform (cached)."""
     index = torch_index(req.torch_pin, req.cuda, req.platform)
     reqs = [_torch_requirement(req), *BASE_PACKAGES]
@@ -221,7 +225,7 @@ def for_target(requirements: Iterable[str] | None, req: EnvRequest) -> list[str]
     return sorted(kept)
 
 
-def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
+def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log: Callable[[str], None] | None = None,
                         root: Path | None = None) -> DownloadSet | None:
     """Host side: a recipe's build_deps for the target, with torch held at the pin (None when none)."""
     deps = for_target(build_deps, req)
@@ -240,7 +244,8 @@ def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log=None,
 
 # ---------------------------------------------------------------- target side
 
-def _run(cmd: list, log, what: str, env: dict | None = None, timeout: float = 3600) -> CompletedProcess:
+def _run(cmd: list[Any], log: Callable[[str], None] | None, what: str, env: dict[str, Any] | None = None,
+         timeout: float = 3600) -> CompletedProcess[str]:
     # The step itself may run with the farm on PYTHONPATH (a container's read-only project mount);
     # the torch environment must never see it.
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
@@ -264,7 +269,7 @@ def python_version(python_exe: Path | str) -> str:
     return proc.stdout.strip()
 
 
-def probe_torch(python_exe: Path | str) -> dict:
+def probe_torch(python_exe: Path | str) -> dict[str, Any]:
     """Import torch with no GPU visible; return its version, CUDA line and compiled arch flags."""
     env = isolated_pip_env()
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -305,7 +310,8 @@ def base_key(req: EnvRequest, target: str, python_full: str) -> str:
 
 
 def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "host",
-                     downloads: DownloadSet | None = None, log=None, root: Path | None = None) -> TorchEnv:
+                     downloads: DownloadSet | None = None, log: Callable[[str], None] | None = None,
+                     root: Path | None = None) -> TorchEnv:
     """The complete, read-only base venv for `req`, built (offline) on first use under a lock.
 
     target: who runs it ('host', or the image id): part of the key, so a host env is never
@@ -320,7 +326,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
     key = base_key(req, target, full)
     entry = root / "envs" / key
 
-    def build(path: Path) -> dict:
+    def build(path: Path) -> dict[str, Any]:
         dl = downloads or find_manifest([_torch_requirement(req), *BASE_PACKAGES], python=req.python,
                                         platform=req.platform, glibc=req.glibc,
                                         index=torch_index(req.torch_pin, req.cuda, req.platform), root=root)
@@ -357,7 +363,8 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
 
 
 def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads: DownloadSet | None = None,
-                        req: EnvRequest | None = None, farm_wheels: Iterable[tuple[Path, str]] = (), log=None,
+                        req: EnvRequest | None = None, farm_wheels: Iterable[tuple[Path, str]] = (),
+                        log: Callable[[str], None] | None = None,
                         root: Path | None = None) -> TorchEnv:
     """`base` plus a recipe's build_deps, then its build_requires_farm wheels ((file, sha256) pairs, installed
     with --no-deps: their own requirements are the build env's business), cached per base, deps and wheel
@@ -375,7 +382,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
     key = f"{base.key}-deps-{digest}"
     entry = root / "overlays" / key
 
-    def build(path: Path) -> dict:
+    def build(path: Path) -> dict[str, Any]:
         dl = downloads
         if dl is None and req is not None and deps:
             dl = find_manifest(deps, python=req.python, platform=req.platform, glibc=req.glibc,

@@ -12,12 +12,18 @@ overlay environment after its build_deps (farm/build/environments.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from farm.recipes.cells import cell_id
 from farm.versions import cuda_tag
 from farm.wheelhouse.manifest import ManifestEntry
+
+if TYPE_CHECKING:
+    from farm.recipes.cells import Cell
+    from farm.recipes.model import Recipe
 
 
 @dataclass(frozen=True)
@@ -43,47 +49,48 @@ class FarmWheel:
     def path(self, house: Path) -> Path:
         return Path(house) / "files" / self.published.project / self.published.file
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """What the build record and farm_build.json say about it."""
         e = self.published
         return {"recipe": self.recipe, "cell": self.cell, "file": e.file, "sha256": e.sha256,
                 "build_key": e.build_key}
 
 
-def dependency_cell(cell, dep) -> str:
+def dependency_cell(cell: Cell, dep: Recipe) -> str:
     """The cell id the recipe `dep` has for `cell`'s CUDA, torch, Python and platform (design.md §5.2)."""
     return cell_id(dep.name, cell.cuda, cell.torch if dep.links_torch else None, cell.python, cell.platform,
                    dep.wheel_abi)
 
 
-def _coords(cell, dep) -> str:
+def _coords(cell: Cell, dep: Recipe) -> str:
     torch = f"/torch{cell.torch}" if dep.links_torch else ""
     return f"{cuda_tag(cell.cuda)}{torch}/py{cell.python}/{cell.platform}"
 
 
-def _fits(e, cell, dep, project: str) -> bool:
+def _fits(e: ManifestEntry, cell: Cell, dep: Recipe, project: str) -> bool:
     """The manifest's fields, not the entry's cell id: a wheel published without a build record has an id
     derived from its file name, which spells the project with hyphens (farm-dep-cu130-...)."""
     return (e.project == project and e.cuda == cell.cuda and e.torch == (cell.torch if dep.links_torch else None)
             and e.platform in (cell.platform, None) and (not e.pythons or cell.python in e.pythons))
 
 
-def by_project(entries) -> dict[str, list]:
+def by_project(entries: Iterable[ManifestEntry]) -> dict[str, list[ManifestEntry]]:
     """A journal's live entries per project, in publish order (a run keys many cells against one house)."""
-    out: dict[str, list] = {}
+    out: dict[str, list[Any]] = {}
     for e in entries:
         out.setdefault(e.project, []).append(e)
     return out
 
 
-def farm_wheels(cell, recipes: dict, entries) -> list[FarmWheel]:
+def farm_wheels(cell: Cell, recipes: Mapping[str, Recipe],
+                entries: Mapping[str, list[ManifestEntry]] | Iterable[ManifestEntry]) -> list[FarmWheel]:
     """The dependencies of `cell`'s recipe, in the recipe's order, each with its newest wheel in `entries`
     (a journal's live entries in publish order, or by_project() of them: the last one of its cell's
     coordinates) or None."""
     from farm.wheelhouse import normalize
 
     recipe = recipes[cell.recipe_name]
-    projects = entries if isinstance(entries, dict) else by_project(entries)
+    projects = entries if isinstance(entries, Mapping) else by_project(entries)
     found = []
     for name in recipe.build_requires_farm:
         dep = recipes[name]
@@ -93,7 +100,7 @@ def farm_wheels(cell, recipes: dict, entries) -> list[FarmWheel]:
     return found
 
 
-def missing_line(cell_id_: str, wheel: FarmWheel, house) -> str:
+def missing_line(cell_id_: str, wheel: FarmWheel, house: Path) -> str:
     """The one line `farm build` refuses a cell with when a dependency's wheel is not published."""
     from farm.settings import display
 

@@ -23,6 +23,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farm.build.environments import TorchEnv
 
 # A token that starts an absolute POSIX path: a '/' at the start of a string or after a space, quote,
 # bracket or '=' (never after a word character or ':', which a URL's or an arch provenance's '/' follows).
@@ -30,7 +34,7 @@ _ABSOLUTE = re.compile(r"""(?:^|(?<=[\s"'(\[=,]))/[^\s"'()\[\],]*""")
 HOST = "<host>"   # what an absolute path outside every named folder becomes in farm_build.json: <host>/<its name>
 
 
-def host_folders(*, work: Path | str | None = None, torch_env=None, python_include: Iterable[Path | str] = (),
+def host_folders(*, work: Path | str | None = None, torch_env: TorchEnv | None = None, python_include: Iterable[Path | str] = (),
                  toolkit_home: PurePath | str | None = None, cache: Path | str | None = None,
                  project: Path | str | None = None, home: Path | str | None = None) -> list[tuple[str, str]]:
     """(folder, symbolic name) pairs, the most specific folder first (a work folder lies in the cache).
@@ -87,7 +91,7 @@ def nvcc_prefix_map_flags(flags: Sequence[str]) -> list[str]:
     return [f"-Xcompiler={flag}" for flag in flags if "," not in flag]
 
 
-def portable(value, folders: Sequence[tuple[str, str]]):
+def portable(value: Any, folders: Sequence[tuple[str, str]]) -> Any:
     """`value` (JSON-like) with every absolute path in its strings made symbolic: a path inside a named
     folder becomes `<name>/<rest>`, any other `<host>/<its last name>`. Keys are kept."""
     if isinstance(value, Mapping):
@@ -107,7 +111,7 @@ def _symbolic(path: str, folders: Sequence[tuple[str, str]]) -> str:
     return f"{HOST}/{name}" if name else HOST
 
 
-def host_paths_in(value, needles: Iterable[str] = (), where: str = "") -> list[str]:
+def host_paths_in(value: object, needles: Iterable[str] = (), where: str = "") -> list[str]:
     """Where `value` (JSON-like) still holds a host path: `key.path: text` for each string that starts
     with '/', holds an absolute path token, or contains one of `needles` (the home or cache folder)."""
     wanted = [n for n in needles if n]

@@ -28,8 +28,9 @@ import re
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -66,7 +67,7 @@ def substitute_requires(
     for i, req in enumerate(requirements):
         key = f"requires_dist[{i}]"
 
-        def fill(m: re.Match, req=req, key=key) -> str:
+        def fill(m: re.Match[str], req: str = req, key: str = key) -> str:
             kind, arg = m.group(1), m.group(2)
             if kind == "LOCAL" and arg is None:
                 return own
@@ -123,7 +124,7 @@ def _checked_recipe_requires(reqs: Sequence[str], where: str) -> list[str]:
 # -------------------------------------------------------------------- wheel
 
 
-def split_wheel_name(filename: str) -> dict:
+def split_wheel_name(filename: str) -> dict[str, Any]:
     """'n-1.0-1-cp311-cp311-linux_x86_64.whl' -> its parts (name as written, build or None)."""
     if not filename.endswith(".whl"):
         raise WheelError(f"{filename}: not a .whl file name")
@@ -241,7 +242,7 @@ def label_wheel(
     local_label: str,
     build_number: int | None = None,
     requires_dist: Sequence[str] | None = None,
-    build_info: Mapping | None = None,
+    build_info: Mapping[str, Any] | None = None,
     where: str = "recipe",
     source_date_epoch: int | None = None,
 ) -> Path:
@@ -306,7 +307,7 @@ def label_wheel(
         # each, whatever order the backend zipped them in.
         kept.sort(key=lambda item: (item[0].startswith(f"{new_di}/"), item[0]))
 
-        def members():
+        def members() -> Iterator[tuple[zipfile.ZipInfo | None, str, bytes]]:
             for name, info in kept:
                 if info is None:
                     text = json.dumps(dict(build_info or {}), indent=2, sort_keys=True, default=str) + "\n"

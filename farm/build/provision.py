@@ -12,9 +12,10 @@ import shutil
 import stat
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from farm import cachebudget, settings
 from farm.build.downloads import DownloadSet, Index, download, find_manifest
@@ -52,7 +53,7 @@ def _require_pypi_line(cuda: str) -> None:
 
 
 def download_toolkit_wheels(cuda: str, platform: str = "linux", components: Iterable[str] = (), *,
-                            log=None, root: Path | None = None) -> DownloadSet:
+                            log: Callable[[str], None] | None = None, root: Path | None = None) -> DownloadSet:
     """Host side: fetch the toolkit wheels for `platform` into the shared downloads cache (network)."""
     _require_pypi_line(cuda)
     comps = normalise_components(components)
@@ -62,7 +63,7 @@ def download_toolkit_wheels(cuda: str, platform: str = "linux", components: Iter
                     index=Index(), log=log, root=root)
 
 
-def _cached_toolkit_wheels(cuda, platform, comps, root) -> DownloadSet | None:
+def _cached_toolkit_wheels(cuda: str, platform: str, comps: tuple[str, ...], root: Path | None) -> DownloadSet | None:
     plat = "linux_aarch64" if arch_of(platform) == "aarch64" else "linux"
     return find_manifest([toolkit_requirement(cuda, comps)], python="3.11", platform=plat, glibc="2.28",
                          index=Index(), root=root)
@@ -144,7 +145,7 @@ def _finish_layout(home: Path, arch: str) -> None:
             exe.chmod(exe.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _build_prefix(home: Path, wheels: DownloadSet, arch: str, comps: tuple[str, ...]) -> dict:
+def _build_prefix(home: Path, wheels: DownloadSet, arch: str, comps: tuple[str, ...]) -> dict[str, Any]:
     meta_wheel = wheels.file_for("cuda-toolkit")
     if meta_wheel is None:
         raise ToolkitUnavailable("the toolkit download has no cuda-toolkit meta-package wheel")
@@ -189,7 +190,8 @@ def toolkit_dir(cuda: str, arch: str, comps: tuple[str, ...], root: Path | None 
 
 
 def provision_pypi_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str] = (), *,
-                           allow_download: bool = True, log=None, root: Path | None = None) -> Toolkit:
+                           allow_download: bool = True, log: Callable[[str], None] | None = None,
+                           root: Path | None = None) -> Toolkit:
     """The cached PyPI-wheel toolkit of `cuda` for `arch`, assembling it once (under a lock) when missing.
 
     The returned Toolkit's prefix stays leased (shared lock) for this process, so the cache
@@ -201,7 +203,7 @@ def provision_pypi_toolkit(cuda: str, arch: str = "x86_64", components: Iterable
     _require_pypi_line(cuda)
     home = toolkit_dir(cuda, arch, comps, root)
 
-    def build(entry: Path) -> dict:
+    def build(entry: Path) -> dict[str, Any]:
         wheels = _cached_toolkit_wheels(cuda, arch, comps, root)
         if wheels is None:
             if not allow_download:
@@ -253,7 +255,7 @@ def source_asked(given: str | None = None) -> str | None:
 
 
 def provision_toolkit(cuda: str, arch: str = "x86_64", components: Iterable[str] = (), *,
-                      source: str | None = None, allow_download: bool = True, log=None,
+                      source: str | None = None, allow_download: bool = True, log: Callable[[str], None] | None = None,
                       root: Path | None = None) -> Toolkit:
     """The toolkit a cell compiles with.
 

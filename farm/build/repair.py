@@ -38,6 +38,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
@@ -62,10 +63,10 @@ class RepairResult:
     grafted: tuple[str, ...] = ()                # sonames auditwheel copied in (all allowed)
     excluded: tuple[str, ...] = field(default=(), repr=False)  # what --exclude received
     reason: str = ""                             # why it was not repaired, or why its tag was raised
-    dropped_rpaths: dict = field(default_factory=dict)  # member -> build-machine RPATH entries removed
+    dropped_rpaths: dict[str, Any] = field(default_factory=dict)  # member -> build-machine RPATH entries removed
     nvidia_requires: tuple[str, ...] = ()        # torch-free: Requires-Dist added on NVIDIA's runtime wheels
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {
             "repaired": self.repaired, "plat": self.plat, "grafted": list(self.grafted),
             "excluded_count": len(self.excluded), "reason": self.reason, "dropped_rpaths": self.dropped_rpaths,
@@ -163,7 +164,7 @@ def exclusions(site_packages: Iterable[Path] = (), extra: Iterable[str] = ()) ->
 # --------------------------------------------------------------------- auditwheel
 
 
-def _auditwheel(args: Sequence[str], source_date_epoch: int | None = None) -> CompletedProcess:
+def _auditwheel(args: Sequence[str], source_date_epoch: int | None = None) -> CompletedProcess[str]:
     env = dict(os.environ)
     if source_date_epoch is not None:   # auditwheel stamps every entry of the wheel it writes with it (§6.6)
         env["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
@@ -177,7 +178,7 @@ def _error_line(text: str) -> str:
     return last_line(text, prefer=lambda ln: "error" in ln.lower())
 
 
-def show(wheel: Path) -> dict:
+def show(wheel: Path) -> dict[str, Any]:
     """`auditwheel show --json` of a wheel."""
     proc = _auditwheel(["show", "--json", str(wheel)])
     try:
@@ -291,7 +292,7 @@ def repair_wheel(
 
 
 def _run_repair(wheel: Path, target: str, excluded: Sequence[str], scratch: Path,
-                source_date_epoch: int | None) -> CompletedProcess:
+                source_date_epoch: int | None) -> CompletedProcess[str]:
     args = ["repair", "--plat", target, "--only-plat", "-w", str(scratch)]
     for pattern in excluded:
         args += ["--exclude", pattern]

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,7 @@ class StepSpec:
     toolkit_source: str              # auto | pypi | system (FARM_TOOLKIT_SOURCE)
     plat: str | None                 # --plat, checked against the image on the host
     build_number: int | None
-    record: dict                     # the build record's common part, written into the wheel's build info
+    record: dict[str, Any]                     # the build record's common part, written into the wheel's build info
     farm_wheels: tuple[FarmWheel, ...]
     flags_stop_after_s: float | None  # the flags tier: stop the compile after this long
     stall: StallLimit | None         # a compile or pre_build silent this long is hung: killed
@@ -141,7 +141,7 @@ class StepSpec:
         return cls.from_json(Path(path).read_text())
 
 
-def recipe_part(recipe: Recipe, *, requires_dist, max_jobs: int, nvcc_threads: int) -> RecipePart:
+def recipe_part(recipe: Recipe, *, requires_dist: Iterable[str] | None, max_jobs: int, nvcc_threads: int) -> RecipePart:
     from farm import settings
 
     return RecipePart(

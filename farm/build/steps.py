@@ -17,21 +17,34 @@ exits non-zero, and never leaves a wheel in `<out>/wheel/`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from farm import progress
 from farm.build.spec import SourcePart, StepSpec
+from farm.build.state import (
+    CompileStep,
+    EnvStep,
+    LabelStep,
+    PrebuildStep,
+    RepairStep,
+    StepResult,
+    StepState,
+    ToolkitStep,
+    VerifyStep,
+    need,
+)
 from farm.errors import CompileStalled, FarmError, StepFailed
 
 if TYPE_CHECKING:   # imported where a step needs them: the source step runs without torch's tools
     from farm.build.environments import TorchEnv
     from farm.build.platform import BuildPlatform
+    from farm.build.source.prepare import SourceResult
     from farm.build.toolkit import BuildToolkit
     from farm.build.verify.importcheck import ImportChild
 
@@ -41,7 +54,7 @@ PHASES = ("source", "env", "toolkit", "prebuild", "compile", "label", "repair", 
 class Steps:
     """The state one invocation carries from step to step."""
 
-    def __init__(self, spec: StepSpec, log, phases: list[str], platform: BuildPlatform | None = None):
+    def __init__(self, spec: StepSpec, log: Callable[[str], None], phases: list[str], platform: BuildPlatform | None = None):
         from farm.build.platform import for_cell
 
         self.spec = spec
@@ -52,23 +65,23 @@ class Steps:
         self.arch_list = spec.cell.arch.arch_list
         self.platform = platform or for_cell(spec.cell.platform)   # Linux, or Windows on a Windows host
         self.log = log
-        self.state = _read_state(self.out)
+        self.state = StepState.read(self.out)
         self.torch_env: TorchEnv | None = None   # set by the env step
         self.toolkit: BuildToolkit | None = None   # set by the toolkit step
-        self.compiler_cache: dict = {}
+        self.compiler_cache: dict[str, Any] = {}
         self.nvcc_pid_namespace = False   # whether each nvcc call runs in a pid namespace of its own (§6.5)
         self.phases = phases              # what this process runs (the import child serves verify)
         self.import_child: ImportChild | None = None   # verify's child, started early (see _start_import_child)
 
     # ----- 1. source ------------------------------------------------------------
 
-    def source(self) -> dict:
+    def source(self) -> SourceResult:
         return fetch_source(self.spec.source, self.work / "src", where=self.recipe.where,
-                            platform=self.cell.platform, cuda=self.cell.cuda).record()
+                            platform=self.cell.platform, cuda=self.cell.cuda)
 
     # ----- 2. environment ----------------------------------------------------------
 
-    def env(self) -> dict:
+    def env(self) -> EnvStep:
         from farm.build.environments import EnvRequest, base_environment, overlay_environment
 
         c = self.cell
@@ -77,17 +90,16 @@ class Steps:
         farm_wheels = [(w.file, w.sha256) for w in self.spec.farm_wheels]
         self.torch_env = overlay_environment(base, list(self.recipe.build_deps), req=req, farm_wheels=farm_wheels,
                                              log=self.log)
-        return {"base": base.to_json(), "overlay": self.torch_env.to_json() if self.torch_env is not base else None,
-                "torch": base.torch_version, "torch_cuda": base.torch_cuda, "torch_arch_list": base.torch_arch_list}
+        return EnvStep.of(base, self.torch_env)
 
     # ----- 3. toolkit ------------------------------------------------------------
 
-    def toolkit_step(self) -> dict:
+    def toolkit_step(self) -> ToolkitStep:
         tk = self.platform.toolkit(self.cell.cuda, arch=self.spec.target.arch, components=self.recipe.cuda_components,
                                    source=self.spec.toolkit_source, log=self.log)
         tk.require(self.arch_list, self.cell.id)
         self.toolkit = tk
-        return tk.to_json()
+        return ToolkitStep.of(tk)
 
     def _torch_env_built(self) -> TorchEnv:
         if self.torch_env is None:   # every phase that compiles, repairs or verifies starts with env
@@ -101,10 +113,10 @@ class Steps:
 
     # ----- pre_build (network) --------------------------------------------------------
 
-    def prebuild(self) -> dict:
+    def prebuild(self) -> PrebuildStep:
         script = self.recipe.pre_build
         if not script:
-            return {"ran": False}
+            return PrebuildStep(ran=False, exported={})
         env_file = self.out / "prebuild.env"
         env = {**self.compile_environment(exported={}), "FARM_ENV": str(env_file)}
         # bash from the compile PATH: on Windows a bare "bash" would be System32's WSL launcher, which
@@ -126,7 +138,7 @@ class Steps:
                              + f"; log {log}")
         if rc != 0:
             raise StepFailed(f"pre_build failed (exit {rc}); log {log}")
-        return {"ran": True, "exported": _read_exports(env_file)}
+        return PrebuildStep(ran=True, exported=_read_exports(env_file))
 
     # ----- 4. compile ------------------------------------------------------------
 
@@ -134,7 +146,7 @@ class Steps:
         src = self.work / "src"
         return src / self.recipe.subdir if self.recipe.subdir else src
 
-    def compile_environment(self, exported: dict) -> dict:
+    def compile_environment(self, exported: Mapping[str, str]) -> dict[str, str]:
         """Every variable the compile gets (design.md §6.4), from the cell's platform, plus the compiler cache's."""
         from farm.build.ccache import resolve_in_step
         from farm.build.compile import nvcc_in_own_pid_namespace
@@ -150,9 +162,8 @@ class Steps:
         return env
 
     def source_date_epoch(self) -> int | None:
-        """The source's SOURCE_DATE_EPOCH (design.md §6.5), as the source step recorded it (None: a record of
-        a farm version before it)."""
-        return (self.state.get("source") or {}).get("source_date_epoch")
+        """The source's SOURCE_DATE_EPOCH (design.md §6.5), as the source step recorded it."""
+        return self.state.source_date_epoch
 
     def host_folders(self, *, home: bool = False) -> list[tuple[str, str]]:
         """The folders this step reads from with their symbolic names (farm.build.hostpaths), as the step
@@ -168,7 +179,7 @@ class Steps:
                             toolkit_home=self.toolkit.home if self.toolkit else None, cache=settings.cache_dir(),
                             project=settings.PROJECT_ROOT, home=home_folder() if home else None)
 
-    def compile(self) -> dict:
+    def compile(self) -> CompileStep:
         from farm.build.compile import (
             compile_wheel,
             flags_report,
@@ -181,7 +192,7 @@ class Steps:
         from farm.build.verify.checks import forgiven_targets, missing_waiver
 
         self._start_import_child()
-        exported = (self.state.get("prebuild") or {}).get("exported") or {}
+        exported = self.state.prebuild.exported if self.state.prebuild else {}
         env = self.compile_environment(exported)
         raw = self.out / "raw"
         shutil.rmtree(raw, ignore_errors=True)
@@ -201,25 +212,25 @@ class Steps:
 
                 watch.poll()
                 raise CompileStalled(stalled_line(limit, reached(watch.count))) from None
-        found = {}
+        flags = None
         if calls is not None:
             # ninja prints an object's line only once it finished: its total may never show before the stop
             argvs = read_nvcc_calls(calls)
             objects = nvcc_objects(self._source_dir(), argvs) or watch.count.total
             waiver = missing_waiver(self.spec.verify, self.cell.platform)
-            found = {"flags": {**flags_report(argvs, self.arch_list, read_nvcc_cpu(calls), objects,
-                                              forgiven=forgiven_targets(waiver.archs) if waiver else ()),
-                               "stopped": wheel is None}}
+            flags = {**flags_report(argvs, self.arch_list, read_nvcc_cpu(calls), objects,
+                                    forgiven=forgiven_targets(waiver.archs) if waiver else ()),
+                     "stopped": wheel is None}
         cache = dict(self.compiler_cache)
         if cache.get("active") and env.get("CCACHE_STATSLOG"):
             from farm.build.ccache import read_stats_log
 
             cache["stats"] = read_stats_log(env["CCACHE_STATSLOG"])
         # The largest single process this step waited for so far (a cicc, usually): what one job peaks at.
-        return {"wheel": str(wheel) if wheel else None, **found,
-                "env": {k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
-                "compiler_cache": cache, "nvcc_pid_namespace": self.nvcc_pid_namespace,
-                "peak_process_mb": progress.peak_child_mb()}
+        return CompileStep(wheel=str(wheel) if wheel else None, flags=flags,
+                           env={k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
+                           compiler_cache=cache, nvcc_pid_namespace=self.nvcc_pid_namespace,
+                           peak_process_mb=progress.peak_child_mb())
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
@@ -244,50 +255,41 @@ class Steps:
 
     # ----- 5. label --------------------------------------------------------------
 
-    def label(self) -> dict:
-        from farm.build.hostpaths import portable
+    def label(self) -> LabelStep:
         from farm.build.label import label_wheel
-        from farm.recipes.buildrecord import check_build_record
-        from farm.wheelhouse.names import BUILD_INFO_NAME
+        from farm.build.record import in_wheel
 
-        raw = Path(self.state["compile"]["wheel"])
-        # The published record names no folder of the build host (design.md §6.5): the work dir is left out
-        # (the source step ran on the host, so it is the host's path even when this step runs in a container,
-        # and it says nothing to whoever installs the wheel), any other path made symbolic.
-        source = {k: v for k, v in (self.state.get("source") or {}).items() if k != "work_dir"}
-        info = portable({**self.spec.record, "torch_arch_list": (self.state.get("env") or {}).get("torch_arch_list"),
-                         "toolkit": (self.state.get("toolkit") or {}).get("version"),
-                         "source": source or None}, self.host_folders(home=True))
-        check_build_record(BUILD_INFO_NAME, info)   # what recover reads back (design.md §4.5)
+        raw = Path(need(need(self.state.compile, "compile").wheel, "compile (to a wheel)"))
+        info = in_wheel(self.spec.record, self.state, self.host_folders(home=True)).to_plain()
         requires = None if self.recipe.requires_dist is None else list(self.recipe.requires_dist)
         labelled = label_wheel(raw, self.out / "labelled", local_label=self.cell.local_label,
                                build_number=self.spec.build_number, requires_dist=requires, build_info=info,
                                where=self.recipe.where, source_date_epoch=self.source_date_epoch())
-        return {"wheel": str(labelled)}
+        return LabelStep(wheel=str(labelled))
 
     # ----- 6. repair -------------------------------------------------------------
 
-    def repair(self) -> dict:
-        labelled = Path(self.state["label"]["wheel"])
+    def repair(self) -> RepairStep:
+        labelled = Path(need(self.state.label, "label").wheel)
         result = self.platform.repair(labelled, self.out / "repaired", torch_env=self.torch_env,
                                       plat=self.spec.plat, floor_plat=self.spec.target.plat_floor,
                                       allow_graft=self.recipe.allow_graft, wheel_abi=self.cell.wheel_abi,
                                       links_torch=self.cell.links_torch, source_date_epoch=self.source_date_epoch())
-        platform_tag = Path(result.wheel).name[:-len(".whl")].split("-")[-1]
-        return {**result.record(), "wheel": str(result.wheel), "plat_tag": platform_tag}
+        return RepairStep.of(result)
 
     # ----- 7. verify -------------------------------------------------------------
 
-    def verify(self) -> dict:
+    def verify(self) -> VerifyStep:
         from farm.build.verify.expectation import Expectation
         from farm.build.verify.gate import verify_wheel
 
-        repaired = Path(self.state["repair"]["wheel"])
+        repair = need(self.state.repair, "repair")
+        repaired = Path(repair.wheel)
         floor = self.spec.floor
         if floor is None and self.cell.platform != "windows":   # the host writes it once torch is downloaded
             raise StepFailed("the spec names no manylinux floor for this Linux cell (design.md §7.8)")
         exp = Expectation.for_cell(self.cell, knobs=self.spec.verify, requires_dist=self.recipe.requires_dist,
-                                   version=self.recipe.version, platform_tag=self.state["repair"].get("plat_tag"),
+                                   version=self.recipe.version, platform_tag=repair.plat_tag,
                                    floor=floor.tag if floor else None)
         child, self.import_child = self.import_child, None
         report = verify_wheel(repaired, exp, torch_env=self._torch_env_built().path, import_child=child)
@@ -300,11 +302,11 @@ class Steps:
         target = final / repaired.name
         shutil.copy2(repaired, target.with_suffix(".partial"))
         os.replace(target.with_suffix(".partial"), target)
-        return {"wheel": str(target), "report": str(self.out / "verify.json"),
-                "warnings": [f"{c.name}: {c.message}" for c in report.checks if c.status == "warn"]}
+        return VerifyStep(wheel=str(target), report=str(self.out / "verify.json"),
+                          warnings=tuple(f"{c.name}: {c.message}" for c in report.checks if c.status == "warn"))
 
 
-def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cuda: str):
+def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cuda: str) -> SourceResult:
     """The source step: the recipe's source, extra sources and the patches for (platform, cuda) into `dest`."""
     from farm.build.source.prepare import prepare_source
 
@@ -312,18 +314,7 @@ def fetch_source(part: SourcePart, dest: Path, *, where: str, platform: str, cud
                           extra_sources=part.extra_sources, patches=part.patches, where=where)
 
 
-def _read_state(out: Path) -> dict:
-    path = out / "steps.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _write_state(out: Path, state: dict) -> None:
-    tmp = out / "steps.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, out / "steps.json")
-
-
-def _read_exports(env_file: Path) -> dict:
+def _read_exports(env_file: Path) -> dict[str, str]:
     exported = {}
     if env_file.is_file():
         for line in env_file.read_text().splitlines():
@@ -348,9 +339,9 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
         print(f"[farm.build.steps] {message}", flush=True)
 
     steps = Steps(spec, log, phases, platform)
-    methods = {"source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
-               "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
-    timings = steps.state.setdefault("timings", {})
+    methods: dict[str, Callable[[], StepResult]] = {
+        "source": steps.source, "env": steps.env, "toolkit": steps.toolkit_step, "prebuild": steps.prebuild,
+        "compile": steps.compile, "label": steps.label, "repair": steps.repair, "verify": steps.verify}
     before = progress.send_to(progress.FileSink(out / progress.PROGRESS_FILE))   # what `farm build` shows (§6.9)
     try:
         for phase in phases:
@@ -358,18 +349,18 @@ def run(phases: list[str], spec_path: Path, platform: BuildPlatform | None = Non
             progress.emit(progress.Event(phase, "start"))
             t0 = time.monotonic()
             try:
-                steps.state[phase] = methods[phase]()
+                result = methods[phase]()
             except FarmError as exc:
-                steps.state.setdefault("failed", {})[phase] = str(exc)
-                _write_state(out, steps.state)
+                steps.state = steps.state.failing(phase, str(exc))
+                steps.state.write(out)
                 progress.emit(progress.Event(phase, "fail", seconds=round(time.monotonic() - t0, 2), error=str(exc),
                                              lines=steps.failure_lines(phase), peak_mb=progress.peak_child_mb()))
                 print(f"farm.build.steps: {phase}: {exc}", file=sys.stderr, flush=True)
                 return exc.exit_code or 1
             took = round(time.monotonic() - t0, 2)
             # env and toolkit run once per phase (design.md §6): the record adds their runs up
-            timings[phase] = round(timings.get(phase, 0.0) + took, 2)
-            _write_state(out, steps.state)
+            steps.state = steps.state.ran(phase, result, took)
+            steps.state.write(out)
             progress.emit(progress.Event(phase, "end", seconds=took, peak_mb=progress.peak_child_mb()))
             log(f"{phase}: done in {took}s")
     finally:

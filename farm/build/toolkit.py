@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
-from typing import Protocol
+from typing import Any, Protocol
 
 from farm import settings
 from farm.archlist import ArchList, ArchToken
@@ -109,7 +109,7 @@ class BuildToolkit(Protocol):
     def stub_dirs(self) -> Sequence[PurePath | str]: ...
     def env(self) -> dict[str, str]: ...
     def require(self, arch_list: ArchList, cell: str = "") -> None: ...
-    def to_json(self) -> dict: ...
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def unemittable(arch_list: ArchList, gpu_codes: Sequence[str], gpu_archs: Sequence[str],
@@ -191,13 +191,13 @@ class Toolkit:
                 f"{who}CUDA {self.version} nvcc ({self.source}, {self.home}) cannot emit {' '.join(gone)} "
                 f"for arch list '{arch_list.torch()}' (it emits: {' '.join(self.gpu_codes)})")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["home"] = str(self.home)
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> Toolkit:
+    def from_json(cls, d: dict[str, Any]) -> Toolkit:
         d = dict(d)
         d["home"] = Path(d["home"])
         for k in ("gpu_codes", "gpu_archs", "components", "wheels"):
@@ -224,7 +224,7 @@ def _nvcc_list(nvcc: Path, flag: str) -> tuple[str, ...]:
     return tuple(proc.stdout.split())
 
 
-def inspect_toolkit(home: Path, source: str, arch: str, components: tuple[str, ...], wheels=()) -> Toolkit:
+def inspect_toolkit(home: Path, source: str, arch: str, components: tuple[str, ...], wheels: Iterable[str] = ()) -> Toolkit:
     nvcc = home / "bin" / "nvcc"
     ver = nvcc_version(nvcc)
     if ver is None:

@@ -10,6 +10,7 @@ import io
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -21,7 +22,7 @@ class EntryDiff:
 
     name: str
     how: list[str]
-    sections: dict[str, dict] = field(default_factory=dict)
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         out = [f"{self.name}: {', '.join(self.how)}"]
@@ -67,7 +68,7 @@ def compare_wheels(a: Path, b: Path) -> list[EntryDiff]:
         return diffs
 
 
-def elf_section_differences(a: bytes, b: bytes) -> dict[str, dict]:
+def elf_section_differences(a: bytes, b: bytes) -> dict[str, dict[str, Any]]:
     """Per section whose bytes differ: sizes, how many bytes differ, and for a string table
     (.strtab, .dynstr, .shstrtab, .comment) the NUL-separated strings found in only one of the two."""
     from elftools.elf.elffile import ELFFile
@@ -76,12 +77,12 @@ def elf_section_differences(a: bytes, b: bytes) -> dict[str, dict]:
     kinds = {s.name: s.header["sh_type"] for f in (fa, fb) for s in f.iter_sections()}
     sa = {s.name: s.data() for s in fa.iter_sections() if s.header["sh_type"] != "SHT_NOBITS"}
     sb = {s.name: s.data() for s in fb.iter_sections() if s.header["sh_type"] != "SHT_NOBITS"}
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(sa) | set(sb)):
         da, db = sa.get(name, b""), sb.get(name, b"")
         if da == db:
             continue
-        info: dict = {"size_a": len(da), "size_b": len(db),
+        info: dict[str, Any] = {"size_a": len(da), "size_b": len(db),
                       "bytes_differ": sum(x != y for x, y in zip(da, db, strict=False)) + abs(len(da) - len(db))}
         if kinds.get(name) == "SHT_STRTAB" or name == ".comment":
             strings_a, strings_b = set(da.split(b"\0")), set(db.split(b"\0"))

@@ -23,13 +23,18 @@ import platform as _platform
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PureWindowsPath
+from pathlib import Path, PureWindowsPath
+from typing import TYPE_CHECKING, Any
 
 from farm import process
 from farm.archlist import ArchList, ArchToken
 from farm.build.toolkit import COMPONENT_HEADER, NVCC_RELEASE, normalise_components, unemittable
 from farm.errors import NotBuildableHere, ToolkitCannotEmit, ToolkitUnavailable, WindowsToolchainMissing
 from farm.versions import vtuple
+
+if TYPE_CHECKING:
+    from farm.build.repair import RepairResult
+    from farm.recipes.cells import Cell
 
 PLATFORM = "windows"
 WHEEL_PLAT = "win_amd64"
@@ -63,7 +68,7 @@ def refusal(cell_id: str, cell_platform: str, system: str | None = None) -> str 
             f"farm/build/windows.py, untested here); this host is {system or 'unknown'}")
 
 
-def check_buildable_here(cell, system: str | None = None) -> None:
+def check_buildable_here(cell: Cell, system: str | None = None) -> None:
     """Raise farm.errors.NotBuildableHere (exit 2) for a Windows cell on a non-Windows host."""
     line = refusal(cell.id, cell.platform, system)
     if line:
@@ -79,7 +84,7 @@ class WindowsHost:
 
     system: str = field(default_factory=host_system)
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    run: Callable = process.run
+    run: Callable[..., Any] = process.run
     exists: Callable[[str], bool] = os.path.exists
     isdir: Callable[[str], bool] = os.path.isdir
 
@@ -92,7 +97,7 @@ class Msvc:
     installation: str          # Visual Studio installation path ('' for a developer prompt)
     vcvars: str                # its vcvars64.bat ('' for a developer prompt)
     tools_version: str         # VCToolsVersion, e.g. 14.44.35207
-    env: dict = field(default_factory=dict, compare=False)   # what the activated environment sets
+    env: dict[str, Any] = field(default_factory=dict, compare=False)   # what the activated environment sets
 
 
 def expand_windows_vars(text: str, environ: Mapping[str, str]) -> str:
@@ -136,7 +141,7 @@ def _ci_get(environ: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def find_msvc(environ: Mapping[str, str] | None = None, run: Callable = process.run,
+def find_msvc(environ: Mapping[str, str] | None = None, run: Callable[..., Any] = process.run,
               exists: Callable[[str], bool] = os.path.exists) -> Msvc:
     """MSVC for x64: the caller's developer prompt if it is one, else vswhere + vcvars64.bat."""
     environ = dict(os.environ if environ is None else environ)
@@ -208,7 +213,7 @@ class WindowsToolkit:
     components: tuple[str, ...] = ()
     source: str = "system"
     arch: str = "x86_64"
-    run: Callable = field(default=process.run, compare=False, repr=False)
+    run: Callable[..., Any] = field(default=process.run, compare=False, repr=False)
 
     @property
     def nvcc(self) -> str:
@@ -250,18 +255,18 @@ class WindowsToolkit:
             raise ToolkitCannotEmit(f"{who}CUDA {self.version} nvcc ({self.home}) cannot emit {' '.join(gone)} "
                                     f"for arch list '{arch_list.torch()}' (it emits: {' '.join(self.gpu_codes)})")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"home": self.home, "version": self.version, "line": self.line, "source": self.source,
                 "arch": self.arch, "gpu_codes": list(self.gpu_codes), "gpu_archs": list(self.gpu_archs),
                 "components": list(self.components), "nvcc": self.nvcc}
 
 
-def _words(run: Callable, cmd: list[str]) -> tuple[str, ...]:
+def _words(run: Callable[..., Any], cmd: list[str]) -> tuple[str, ...]:
     proc = run(cmd)
     return tuple((proc.stdout or "").split()) if proc.returncode == 0 else ()
 
 
-def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable = process.run,
+def find_cuda_toolkit(cuda: str, environ: Mapping[str, str] | None = None, run: Callable[..., Any] = process.run,
                       exists: Callable[[str], bool] = os.path.exists,
                       components: Iterable[str] = ()) -> WindowsToolkit:
     """The installed toolkit of the cell's line that has the recipe's `cuda_components`; its nvcc must
@@ -361,7 +366,8 @@ class WindowsPlatform:
             raise NotBuildableHere(f"the {what} of a Windows cell runs only on a Windows host; this host is "
                                    f"{self.host.system or 'unknown'}")
 
-    def toolkit(self, cuda: str, *, arch: str, components: Iterable[str], source: str | None, log) -> WindowsToolkit:
+    def toolkit(self, cuda: str, *, arch: str, components: Iterable[str], source: str | None,
+                log: Callable[[str], None]) -> WindowsToolkit:
         """The installed toolkit of the line: NVIDIA's PyPI wheels assemble Linux toolkits only."""
         self._check_host("toolkit step")
         if source == "pypi":
@@ -374,7 +380,7 @@ class WindowsPlatform:
         log(f"toolkit: CUDA {tk.version} (installed) at {tk.home}")
         return tk
 
-    def compile_environment(self, **kw) -> dict[str, str]:
+    def compile_environment(self, **kw: Any) -> dict[str, str]:
         from farm.build.compile import compile_environment
 
         self._check_host("compile step")
@@ -389,7 +395,7 @@ class WindowsPlatform:
         return adapt_compile_environment(linux, msvc=msvc, toolkit=toolkit, torch_bin_dirs=bin_dirs,
                                          caller=self.host.environ, isdir=self.host.isdir)
 
-    def repair(self, wheel, out_dir, **_ignored):
+    def repair(self, wheel: Path, out_dir: Path, **_ignored: Any) -> RepairResult:
         from farm.build.repair import RepairResult
 
         return RepairResult(wheel, False, reason=repair_note())

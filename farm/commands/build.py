@@ -42,28 +42,29 @@ def register(sub) -> None:
 
 
 def build_command(args) -> int:
-    from farm.build.cell import build_cell, build_dir, outcome
+    from farm.build.cell import build_cell, outcome
     from farm.build.display import StepDisplay
+    from farm.build.request import BuildRequest
     display = StepDisplay(quiet=args.quiet, verbose=args.verbose)
-    with showing_build(display, args.cell, args.out):
-        result = build_cell(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
-                            publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
-                            compiler_cache=not args.no_compiler_cache, record=args.record or None,
-                            tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
-                            arch=args.arch, flags_minutes=_minutes(args), log=display.line,
-                            mem_budget_gb=args.mem_budget)
-    display.summary(outcome(args.cell, build_dir(args.cell, args.out), result))
+    request = BuildRequest.make(args.cell, runner_kind=args.runner, out=args.out, force=args.force,
+                                publish=not args.no_publish, wheelhouse=args.wheelhouse, plat=args.plat,
+                                compiler_cache=not args.no_compiler_cache, record=args.record or None,
+                                tier="smoke" if args.smoke else "flags" if args.flags_only else "full",
+                                arch=args.arch, flags_minutes=_minutes(args), mem_budget_gb=args.mem_budget)
+    with showing_build(display, request.cell_id, request.out):
+        result = build_cell(request, log=display.line)
+    display.summary(outcome(request.cell_id, request.out, result))
     if args.quiet:
         _print_result(result)
     return 0
 
 
 @contextmanager
-def showing_build(display, cell_id: str, out: Path | None) -> Iterator[None]:
+def showing_build(display, cell_id: str, out: Path) -> Iterator[None]:
     """Every progress event of the build inside goes to `display`; a build that fails after a step ran
     ends with the summary up to that step (the one-line error follows on stderr, from the CLI)."""
     from farm import progress
-    from farm.build.cell import build_dir, outcome
+    from farm.build.cell import outcome
     from farm.errors import FarmError
 
     try:
@@ -71,7 +72,7 @@ def showing_build(display, cell_id: str, out: Path | None) -> Iterator[None]:
             yield
     except FarmError:
         if display.steps:
-            display.summary(outcome(cell_id, build_dir(cell_id, out)))
+            display.summary(outcome(cell_id, out))
         raise
     finally:
         display.close()
@@ -82,10 +83,10 @@ def _print_result(result) -> None:
 
     if result.wheel:
         print(f"wheel:      {result.wheel}")
-    if result.record.get("flags"):
-        print(f"flags:      {flags_summary(result.record['flags'])}")
-    if result.record:
-        print(f"arch list:  {result.record['arch_list']}")
+    if result.record is not None and result.record.flags:
+        print(f"flags:      {flags_summary(result.record.flags)}")
+    if result.record is not None:
+        print(f"arch list:  {result.record.arch_list}")
         print(f"record:     {result.record_path}")
 
 

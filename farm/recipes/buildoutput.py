@@ -8,7 +8,9 @@ stage above the build, both see one reading (design.md §1.1).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from farm import progress
 
@@ -64,19 +66,27 @@ def first_error(source: str | Path) -> str | None:
     return found[0] if found else None
 
 
-def arches_found(report: dict) -> dict[str, list[str]]:
+def arches_found(report: Mapping[str, Any]) -> dict[str, list[str]]:
     """The SASS and PTX the arches check found over all modules, from a report as written (verify.json)."""
-    check: dict = next((c for c in report.get("checks") or [] if c.get("name") == "arches"), {})
+    check: dict[str, Any] = next((c for c in report.get("checks") or [] if c.get("name") == "arches"), {})
     union = (check.get("details") or {}).get("union") or {}
     return {"sass": list(union.get("sass") or []), "ptx": list(union.get("ptx") or [])}
 
 
-def by_arch(names) -> list[str]:
+def by_arch(names: Iterable[str]) -> list[str]:
     """Target names (sm_90a, compute_120, ...) in arch order, not string order."""
     return sorted(names, key=lambda n: (int(re.sub(r"\D", "", n) or 0), n))
 
 
-def flags_differences(report: dict) -> str:
+def flags_verdict(report: Mapping[str, Any]) -> str:
+    """The status table's gate column for a flags run: equal to the list, or how it differs."""
+    if report.get("equal"):
+        waived = f"{waived_text(report)}; " if report.get("waived") else ""
+        return f"flags equal the list ({waived}{report.get('compiling_invocations')} nvcc calls{sample_text(report)})"
+    return f"flags differ: {flags_differences(report) or 'no nvcc call seen'}"
+
+
+def flags_differences(report: Mapping[str, Any]) -> str:
     """'missing sm_100; extra sm_89; sm_80 waived': how a flags report differs from the list (also the
     status table's words; records written before waivers were reported have no 'waived')."""
     parts = [f"missing {' '.join(report['missing'])}" if report.get("missing") else "",
@@ -84,12 +94,12 @@ def flags_differences(report: dict) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def waived_text(report: dict) -> str:
+def waived_text(report: Mapping[str, Any]) -> str:
     """'sm_80 sm_86 waived' (what the gate would forgive as well), or ''."""
     return f"{' '.join(report['waived'])} waived" if report.get("waived") else ""
 
 
-def sample_text(report: dict) -> str:
+def sample_text(report: Mapping[str, Any]) -> str:
     """'; 2 of 73 objects finished at 640 CPU-s each: ~13 CPU-h for the cell' (what the stop left to
     sample; also the status table's words)."""
     if "finished" not in report:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from farm.errors import BadInput
+from farm.errors import BadInput, shorten
 from farm.yamlio import write_atomic
 
 RECORD_TIERS = ("full", "smoke", "flags", "failed", "blocked")
@@ -127,7 +128,7 @@ def _generic(value: object) -> str | None:
     return None
 
 
-def check_build_record(where: str, record: object, prefix: str = "") -> dict:
+def check_build_record(where: str, record: object, prefix: str = "") -> dict[str, Any]:
     """`record` when it is a build record of this schema, else BadInput naming where, the key and the
     value (cut short). `prefix` names the record's place in a bigger one (`last_build.`)."""
     if not isinstance(record, Mapping):
@@ -141,8 +142,290 @@ def check_build_record(where: str, record: object, prefix: str = "") -> dict:
     return dict(record)
 
 
-def write_record(path: Path, record: dict, where: str | None = None) -> Path:
+def write_record(path: Path, record: Mapping[str, Any], where: str | None = None) -> Path:
     """Check `record` (a build writes only what its readers accept), then write it atomically."""
-    check_build_record(where or str(path), record)
-    write_atomic(Path(path), json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return Path(path)
+    return BuildRecord(record, where or str(path)).write(path, where)
+
+
+class BuildRecord(Mapping[str, Any]):
+    """One build record, checked against the schema above when it is made: the build makes it
+    (farm/build/record.py), `farm publish --record`, `farm index recover` and the status table read it.
+
+    Read-only. Readers take what they need through the fields below, never by key; the mapping form is for
+    writing it whole (JSON, a wheelhouse entry's extras) and for the schema's free keys."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: object, where: str = "build record", prefix: str = ""):
+        self._values = check_build_record(where, values, prefix)
+
+    @classmethod
+    def read(cls, path: Path, where: str | None = None) -> BuildRecord:
+        """The record in the JSON file `path`; not JSON, or not this schema: BadInput naming the file."""
+        where = where or str(path)
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BadInput(where, None, None, "file not found") from None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise BadInput(where, None, None, f"not a JSON build record: {shorten(str(exc), 120)}") from None
+        return cls(data, where)
+
+    @classmethod
+    def read_recipe(cls, path: Path, where: str, recipe: str) -> BuildRecord:
+        """A recipe's record (recipes/records/<recipe>.json, or a cell's <recipe>/<cell>.json): the schema,
+        and what a recipe's record must say besides (its recipe, tier, cell, date; a reason when it failed
+        or is blocked); a blocked record's last build is checked as a record of its own."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise BadInput(where, None, None, f"not a JSON build record: {shorten(str(exc), 120)}") from None
+        if not isinstance(data, dict):
+            raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
+        if data.get("recipe") != recipe:
+            raise BadInput(where, "recipe", data.get("recipe"), f"the record of {Path(path).name} must name {recipe}")
+        if data.get("tier") not in RECORD_TIERS:
+            raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
+        for key in ("cell", "date"):
+            if not isinstance(data.get(key), str) or not data[key]:
+                raise BadInput(where, key, data.get(key), "expected a non-empty string")
+        if data["tier"] in ("failed", "blocked") and not (isinstance(data.get("reason"), str) and data["reason"]):
+            raise BadInput(where, "reason", data.get("reason"), f"a {data['tier']} record says why in one line")
+        return cls(data, where).check_last_build(where)
+
+    def check_last_build(self, where: str) -> BuildRecord:
+        """This record, once the last build a blocked one keeps is checked too, named `last_build.<key>`."""
+        if self._values.get("last_build") is not None:
+            check_build_record(where, self._values["last_build"], prefix="last_build.")
+        return self
+
+    def write(self, path: Path, where: str | None = None) -> Path:
+        write_atomic(Path(path), json.dumps(self._values, indent=2, sort_keys=True) + "\n")
+        return Path(path)
+
+    def to_plain(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def with_(self, where: str = "build record", **more: Any) -> BuildRecord:
+        """This record with `more` added or replaced, checked again."""
+        return BuildRecord({**self._values, **more}, where)
+
+    def without(self, *keys: str) -> BuildRecord:
+        return BuildRecord({k: v for k, v in self._values.items() if k not in keys})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"BuildRecord({self._values!r})"
+
+    # ----- what the build writes and its readers read (FIELDS above checks each form)
+
+    def _text(self, key: str) -> str | None:
+        value = self._values.get(key)
+        return value if isinstance(value, str) else None
+
+    def _number(self, key: str) -> float | None:
+        value = self._values.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def _object(self, key: str) -> Mapping[str, Any]:
+        value = self._values.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    def _texts(self, key: str) -> tuple[str, ...]:
+        value = self._values.get(key)
+        return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+    @property
+    def cell(self) -> str | None:
+        return self._text("cell")
+
+    @property
+    def recipe(self) -> str | None:
+        return self._text("recipe")
+
+    @property
+    def tier(self) -> str | None:
+        return self._text("tier")
+
+    @property
+    def tier_asked(self) -> str | None:
+        return self._text("tier_asked")
+
+    @property
+    def date(self) -> str | None:
+        return self._text("date")
+
+    @property
+    def reason(self) -> str | None:
+        return self._text("reason")
+
+    @property
+    def build_key(self) -> str | None:
+        return self._text("build_key")
+
+    @property
+    def arch_list(self) -> str | None:
+        """The arch list, as torch spells it (a record may hold it as a list of its tokens)."""
+        value = self._values.get("arch_list")
+        return " ".join(value) if isinstance(value, list) else value if isinstance(value, str) else None
+
+    @property
+    def arch_list_raw(self) -> str | list[str] | None:
+        """The arch list as the record holds it (a wheelhouse entry keeps its form)."""
+        value = self._values.get("arch_list")
+        return value if isinstance(value, (str, list)) else None
+
+    @property
+    def cuda(self) -> str | None:
+        return self._text("cuda")
+
+    @property
+    def torch(self) -> str | None:
+        return self._text("torch")
+
+    @property
+    def pythons(self) -> tuple[str, ...]:
+        return self._texts("pythons")
+
+    @property
+    def host(self) -> str | None:
+        return self._text("host")
+
+    @property
+    def wheel(self) -> str | None:
+        return self._text("wheel")
+
+    @property
+    def wheel_bytes(self) -> float | None:
+        return self._number("wheel_bytes")
+
+    @property
+    def tag(self) -> str | None:
+        """The platform tag the wheel reached (design.md §7.8); an older record names it only in its wheel."""
+        return self._text("tag") or (self.wheel[:-len(".whl")].split("-")[-1] if self.wheel else None)
+
+    @property
+    def floor_text(self) -> str | None:
+        """The manylinux floor the build was held to, as one line (None: recorded before floors were)."""
+        text = self._object("floor").get("text")
+        return text if isinstance(text, str) else None
+
+    @property
+    def floor(self) -> Mapping[str, Any] | None:
+        return self._object("floor") or None
+
+    @property
+    def source_commit(self) -> str | None:
+        value = self._object("source").get("commit")
+        return value if isinstance(value, str) else None
+
+    @property
+    def source_sha256(self) -> str | None:
+        value = self._object("source").get("sha256")
+        return value if isinstance(value, str) else None
+
+    @property
+    def patch_files(self) -> tuple[str, ...]:
+        patches = self._values.get("patches")
+        return tuple(p["file"] for p in patches if isinstance(p, Mapping) and isinstance(p.get("file"), str)) \
+            if isinstance(patches, list) else ()
+
+    @property
+    def seconds(self) -> float | None:
+        """The build's wall time: `seconds` in a build's own record, `wall_s` in a recipe's."""
+        return self._number("seconds") if "seconds" in self._values else self._number("wall_s")
+
+    @property
+    def wall_s(self) -> float | None:
+        return self._number("wall_s")
+
+    @property
+    def compile_s(self) -> object:
+        """The compile step's seconds, as recorded (checked by its reader); the wall time when not split."""
+        steps = self._values.get("steps") or {}
+        return steps.get("compile", self.wall_s) if isinstance(steps, Mapping) else None
+
+    @property
+    def peak_mb(self) -> float | None:
+        return self._number("peak_mb")
+
+    @property
+    def cores(self) -> int | None:
+        value = self._number("cores")
+        return int(value) if value else None
+
+    @property
+    def max_jobs(self) -> int | None:
+        value = self._number("max_jobs")
+        return int(value) if value else None
+
+    @property
+    def nvcc_threads(self) -> int | None:
+        value = self._number("nvcc_threads")
+        return int(value) if value else None
+
+    @property
+    def peak_process_mb(self) -> int | None:
+        """A build's own record: the largest single process its compile waited for, in MB."""
+        value = self._number("peak_process_mb")
+        return int(value) if value is not None else None
+
+    @property
+    def compiler_cache(self) -> Mapping[str, Any] | None:
+        """What the record says of the compiler cache: its decision and, in a build's own record, the
+        compile's `stats`."""
+        return self._object("compiler_cache") or None
+
+    @property
+    def cache_hits(self) -> int | None:
+        """The compiler cache's hits (a build's own record keeps them under its step's `stats`)."""
+        cache = self._object("compiler_cache")
+        stats = cache.get("stats")
+        hits = (stats if isinstance(stats, Mapping) else cache).get("hits")
+        return hits if isinstance(hits, int) and not isinstance(hits, bool) else None
+
+    @property
+    def cache_stats(self) -> Mapping[str, Any]:
+        """A build's own record: the compiler cache's counts for its compile ({} without a cache)."""
+        stats = self._object("compiler_cache").get("stats")
+        return stats if isinstance(stats, Mapping) else {}
+
+    @property
+    def flags(self) -> Mapping[str, Any] | None:
+        """A flags run's report (farm.build.compile.flags_report reads it), None for any other build."""
+        return self._object("flags") or None
+
+    @property
+    def sass(self) -> tuple[str, ...]:
+        return self._texts("sass")
+
+    @property
+    def ptx(self) -> tuple[str, ...]:
+        return self._texts("ptx")
+
+    @property
+    def runner_info(self) -> Mapping[str, Any]:
+        """What the runner said of itself (its limits, the image layer the steps ran in)."""
+        return self._object("runner_info")
+
+    @property
+    def gate(self) -> str | None:
+        return self._text("gate")
+
+    @property
+    def gate_warnings(self) -> tuple[str, ...]:
+        return self._texts("gate_warnings")
+
+    @property
+    def last_build(self) -> BuildRecord | None:
+        """A blocked record's last measured build."""
+        last = self._values.get("last_build")
+        return BuildRecord(last, prefix="last_build.") if isinstance(last, Mapping) else None

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from farm import settings
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS
+from farm.recipes.buildrecord import BuildRecord
 from farm.recipes.cells import row_id
 from farm.recipes.status import read_records, records_dir, wall_text
 
@@ -162,41 +163,38 @@ class Estimate:
 
 # ---------------------------------------------------------------- one recipe's basis
 
-def _cores(recipe: Recipe, defaults: Defaults, record: Mapping) -> int:
+def _cores(recipe: Recipe, defaults: Defaults, record: BuildRecord) -> int:
     jobs, threads = recipe.parallelism(defaults)
-    jobs, threads = record.get("max_jobs") or jobs, record.get("nvcc_threads") or threads
-    return max(1, min(record.get("cores") or RECORD_HOST_CORES, jobs * threads))
+    jobs, threads = record.max_jobs or jobs, record.nvcc_threads or threads
+    return max(1, min(record.cores or RECORD_HOST_CORES, jobs * threads))
 
 
-def _arch_tokens(record: Mapping, where: str) -> int:
-    text = record.get("arch_list")
+def _arch_tokens(record: BuildRecord, where: str) -> int:
+    text = record.arch_list_raw
     if not isinstance(text, str) or not text.split():
         raise BadInput(where, "arch_list", text, "a full record names the arch list it built, e.g. '8.0 9.0+PTX'")
     return len(text.split())
 
 
-def _compile_seconds(record: Mapping, where: str) -> float:
-    steps = record.get("steps") or {}
+def _compile_seconds(record: BuildRecord, wall: float, where: str) -> float:
     # a record without step times: all of its wall time is taken to grow with the archs
-    value = steps.get("compile", record["wall_s"]) if isinstance(steps, Mapping) else None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= record["wall_s"]:
-        raise BadInput(where, "steps.compile", value, f"expected seconds between 0 and wall_s ({record['wall_s']})")
+    value = record.compile_s
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= wall:
+        raise BadInput(where, "steps.compile", value, f"expected seconds between 0 and wall_s ({wall})")
     return float(value)
 
 
-def basis_of(recipe: Recipe, record: Mapping | None, defaults: Defaults, where: str) -> Basis:
+def basis_of(recipe: Recipe, record: BuildRecord | None, defaults: Defaults, where: str) -> Basis:
     """The figure one cell of `recipe` costs: its full cold record, else the documented default."""
-    record = record or {}
+    record = record or BuildRecord({})
     cores = _cores(recipe, defaults, record)
-    tier, wall = record.get("tier"), record.get("wall_s")
-    cache = record.get("compiler_cache")
-    hits = cache.get("hits") if isinstance(cache, Mapping) else None
+    tier, wall, hits = record.tier, record.wall_s, record.cache_hits
     if tier == "full" and wall and not hits:
         tokens = _arch_tokens(record, where)
-        return Basis("measured", float(wall), _compile_seconds(record, where), tokens, cores,
+        return Basis("measured", float(wall), _compile_seconds(record, wall, where), tokens, cores,
                      f"full record: {wall_text(wall)} for {tokens} archs on {cores} cores")
-    sample = record.get("flags") if tier == "flags" else None
-    if isinstance(sample, Mapping) and sample.get("cpu_h_estimate"):
+    sample = record.flags if tier == "flags" else None
+    if sample and sample.get("cpu_h_estimate"):
         tokens = _arch_tokens(record, where)
         cpu_s = float(sample["cpu_h_estimate"]) * 3600
         return Basis("sampled", cpu_s / cores, cpu_s / cores, tokens, cores,

@@ -16,17 +16,14 @@ every recipe has a row, "not built yet" when it has no record.
 
 from __future__ import annotations
 
-import json
-import os
-import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm import __version__, settings
-from farm.errors import BadInput, shorten
-from farm.recipes.buildrecord import RECORD_TIERS, check_build_record, write_record
+from farm.errors import BadInput
+from farm.recipes.buildrecord import BuildRecord, write_record
 from farm.recipes.cells import cell_id
 from farm.yamlio import write_atomic
 
@@ -69,107 +66,32 @@ def status_cell_id(recipe) -> str:
     return best.id
 
 
-def _now() -> str:
+def record_date() -> str:
+    """When a record is written, as every record says it."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _portable(text: str, *prefixes: Path) -> str:
-    """A line fit for a committed file: the machine's folders cut off (work dir, project, home)."""
-    for prefix in prefixes:
-        text = text.replace(str(prefix).rstrip("/") + "/", "")
-    return text.replace(str(Path.home()), "~")
 
 
 # ---------------------------------------------------------------- writing
 
-def write_build_record(recipe, cell, *, tier: str, tier_asked: str, out: Path, key: str, runner: str,
-                       started: float, build: dict | None = None, reason: str | None = None) -> Path:
-    """The record of one build of `cell` from its output folder (steps.json, verify.json, build.json)."""
-    import time
-
-    from farm.recipes.buildoutput import arches_found, by_arch, first_error
-
-    state = _read_json(out / "steps.json")
-    source = state.get("source") or {}
-    work_src = Path(source.get("work_dir") or settings.work_dir(cell.id) / "src")
-    report = _read_json(out / "verify.json")
-    union = arches_found(report)
-    build = build or {}
-    wheel = build.get("wheel")
-    wheel_path = out / "wheel" / wheel if wheel else None
-    compile_state = state.get("compile") or {}
-    record = {
-        "recipe": recipe.name, "cell": cell.id, "tier": tier, "date": _now(),
-        # no description: a path source's names this machine's folder
-        "source": {k: source.get(k) for k in ("kind", "commit", "sha256", "pin") if source.get(k)},
-        "patches": [{"file": f, "sha256": h} for f, h in source.get("patches") or []],
-        "arch_list": cell.arch.arch_list.torch(), "wall_s": round(time.time() - started, 1),
-        "steps": state.get("timings") or {}, "peak_mb": compile_state.get("peak_process_mb"),
-        "runner": runner, "build_key": key, "farm_version": __version__,
-    }
-    # what the wall time was bought with: an estimate turns it into CPU-hours (design.md §5.5)
-    limits = (build.get("runner_info") or {}).get("limits") or {}
-    if layer := {k: v for k, v in (build.get("runner_info") or {}).items() if k in ("layer_of", "system_packages")}:
-        record["image_layer"] = {"ref": build["runner_info"].get("image_ref"), **layer}   # design.md §8.5
-    record["cores"] = max(1, int(limits.get("cpus") or os.cpu_count() or 1))
-    for key in ("max_jobs", "nvcc_threads"):   # a smoke build trades threads for jobs (farm.build.cell.smoke_parallelism)
-        if build.get(key):
-            record[key] = build[key]
-    if tier_asked == "smoke" or tier == "smoke":
-        record["smoke_of"] = cell.arch.provenance
-    if report:
-        record["gate"] = "pass" if report.get("passed") else "fail: " + ", ".join(report.get("failed") or [])
-        record["gate_warnings"] = report.get("warned") or []
-        record["sass"], record["ptx"] = by_arch(union["sass"]), by_arch(union["ptx"])
-    cache = compile_state.get("compiler_cache") or {}
-    stats = cache.get("stats") or {}
-    # a warm cache makes wall time and peak memory a rebuild's, not a compile's: say so
-    record["compiler_cache"] = {"active": bool(cache.get("active")), "hits": stats.get("hits"),
-                                "misses": stats.get("misses")}
-    if compile_state.get("flags"):
-        flags = compile_state["flags"]
-        record["flags"] = flags
-        record["sass"], record["ptx"] = flags["sass"], flags["ptx"]
-    if wheel_path is not None and wheel_path.is_file():
-        record["wheel"], record["wheel_bytes"] = wheel, wheel_path.stat().st_size
-    # the tag reached (a wheel the gate failed has one too) and the floor it was held to (design.md §7.8)
-    if tag := build.get("tag") or (state.get("repair") or {}).get("plat_tag"):
-        record["tag"] = tag
-    if floor := build.get("floor") or (_read_json(out / "spec-host.json").get("record") or {}).get("floor"):
-        record["floor"] = floor
-    if tier == "failed":
-        record["tier_asked"] = tier_asked
-        line = first_error(out / "compile.log") if "compile" in (state.get("failed") or {}) else None
-        line = line or re.sub(r"\s*\(log: [^)]*\)$", "", reason or "")
-        record["reason"] = shorten(_portable(line, work_src, out, settings.PROJECT_ROOT))
-    return save_build(recipe, record)
-
-
-def save_build(recipe, record: dict, folder: Path | None = None) -> Path:
+def save_build(recipe: Recipe, record: Mapping[str, Any], folder: Path | None = None) -> Path:
     """Write a build's record as its cell's (`<name>/<cell>.json`), and as the recipe's status row when the
     cell is the recipe's status cell, the cell that row holds already, or the row is not written yet.
     Returns the path of the record written last."""
     folder = Path(folder or records_dir())
-    cell_path = save_cell_record(recipe.name, record, folder)
+    built = BuildRecord(record)
+    cell_path = save_cell_record(recipe.name, built, folder)
     held = _existing(folder / f"{recipe.name}.json", strict=False)
-    if held is None or record["cell"] in (held.get("cell"), status_cell_id(recipe)):
-        return save_record(recipe.name, record, folder)
+    if held is None or built.cell in (held.cell, status_cell_id(recipe)):
+        return save_record(recipe.name, built, folder)
     return cell_path
 
 
-def save_cell_record(name: str, record: dict, folder: Path | None = None) -> Path:
+def save_cell_record(name: str, record: Mapping[str, Any], folder: Path | None = None) -> Path:
     """The record of one cell's build, replacing that cell's previous one."""
-    path = Path(folder or records_dir()) / name / f"{record['cell']}.json"
+    built = BuildRecord(record)
+    path = Path(folder or records_dir()) / name / f"{built.cell}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_record(path, record, settings.display(path))
+    return write_record(path, built, settings.display(path))
 
 
 def write_blocked_record(name: str, why: str, cell: str, folder: Path | None = None) -> Path:
@@ -177,11 +99,11 @@ def write_blocked_record(name: str, why: str, cell: str, folder: Path | None = N
     its own); a malformed record it would keep is refused, nothing written."""
     folder = records_folder(folder, "farm recipes block")
     old = _existing(folder / f"{name}.json", strict=True)
-    record: dict[str, object] = {"recipe": name, "cell": cell, "tier": "blocked", "date": _now(), "reason": why,
-              "farm_version": __version__}
-    last = (old or {}).get("last_build") if (old or {}).get("tier") == "blocked" else old
+    record: dict[str, object] = {"recipe": name, "cell": cell, "tier": "blocked", "date": record_date(),
+                                 "reason": why, "farm_version": __version__}
+    last = old.last_build if old is not None and old.tier == "blocked" else old
     if last:
-        record["last_build"] = last
+        record["last_build"] = last.to_plain()
     return _write_checked(folder / f"{name}.json", record)
 
 
@@ -189,28 +111,28 @@ def unblock(name: str, folder: Path | None = None) -> Path:
     """Put the last measured build back in place of a `blocked` record (none: the recipe is not built yet)."""
     path = records_folder(folder, "farm recipes unblock") / f"{name}.json"
     old = _existing(path, strict=True)
-    if not old or old.get("tier") != "blocked":
-        raise BadInput(settings.display(path), "tier", (old or {}).get("tier"), f"{name} is not blocked")
-    if old.get("last_build"):
-        return _write_checked(path, old["last_build"])
+    if old is None or old.tier != "blocked":
+        raise BadInput(settings.display(path), "tier", old.tier if old else None, f"{name} is not blocked")
+    if old.last_build:
+        return _write_checked(path, old.last_build)
     path.unlink()
     return path
 
 
-def save_record(name: str, record: dict, folder: Path | None = None) -> Path:
+def save_record(name: str, record: Mapping[str, Any], folder: Path | None = None) -> Path:
     """Write a build's record; while the recipe is blocked it becomes the block's `last_build` (a block
     stays until `farm recipes unblock`)."""
     path = Path(folder or records_dir()) / f"{name}.json"
     old = _existing(path, strict=False)
-    if old and old.get("tier") == "blocked" and record.get("tier") != "blocked":
-        record = {**old, "last_build": record}
-    return _write_checked(path, record)
+    built = BuildRecord(record, settings.display(path))
+    if old is not None and old.tier == "blocked" and built.tier != "blocked":
+        built = old.with_(settings.display(path), last_build=built.to_plain())
+    return _write_checked(path, built)
 
 
-def _write_checked(path: Path, record: dict) -> Path:
+def _write_checked(path: Path, record: Mapping[str, Any]) -> Path:
     where = settings.display(path)
-    check_build_record(where, record.get("last_build") or {}, prefix="last_build.")
-    return write_record(path, record, where)
+    return write_record(path, BuildRecord(record, where).check_last_build(where), where)
 
 
 def records_folder(folder: Path | None, verb: str) -> Path:
@@ -222,7 +144,7 @@ def records_folder(folder: Path | None, verb: str) -> Path:
     return path
 
 
-def _existing(path: Path, strict: bool) -> dict | None:
+def _existing(path: Path, strict: bool) -> BuildRecord | None:
     """The record at `path` (None when there is none); a malformed one is refused when `strict`, else
     taken for none (a build's fresh record replaces it)."""
     if not path.exists():
@@ -237,58 +159,37 @@ def _existing(path: Path, strict: bool) -> dict | None:
 
 # ---------------------------------------------------------------- reading
 
-def read_records(folder: Path) -> dict[str, dict]:
+def read_records(folder: Path) -> dict[str, BuildRecord]:
     """Every `<name>.json` in `folder`, checked: a bad one is refused naming the file, key and value."""
     return {path.stem: read_record(path)
             for path in (sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else [])}
 
 
-def read_cell_records(folder: Path) -> dict[str, dict[str, dict]]:
+def read_cell_records(folder: Path) -> dict[str, dict[str, BuildRecord]]:
     """recipe -> cell id -> that cell's record, from every `<name>/<cell>.json` in `folder`, checked alike
     (a folder older than per-cell records has none: {})."""
-    found: dict[str, dict[str, dict]] = {}
+    found: dict[str, dict[str, BuildRecord]] = {}
     for path in sorted(Path(folder).glob("*/*.json")) if Path(folder).is_dir() else []:
         record = read_record(path, recipe=path.parent.name)
-        if record["cell"] != path.stem:
-            raise BadInput(settings.display(path), "cell", record["cell"], f"the record of {path.name} must name {path.stem}")
+        if record.cell != path.stem:
+            raise BadInput(settings.display(path), "cell", record.cell, f"the record of {path.name} must name {path.stem}")
         found.setdefault(path.parent.name, {})[path.stem] = record
     return found
 
 
-def read_record(path: Path, recipe: str | None = None) -> dict:
+def read_record(path: Path, recipe: str | None = None) -> BuildRecord:
     """One record (`<name>.json`, or a cell's `<name>/<cell>.json` with `recipe` given): the build record's
     schema, and what a recipe's record must say besides."""
-    where = settings.display(path)
-    recipe = recipe or path.stem
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BadInput(where, None, None, f"not a JSON build record: {shorten(str(exc), 120)}") from None
-    if not isinstance(data, dict):
-        raise BadInput(where, None, type(data).__name__, "a build record is a JSON object")
-    if data.get("recipe") != recipe:
-        raise BadInput(where, "recipe", data.get("recipe"), f"the record of {path.name} must name {recipe}")
-    if data.get("tier") not in RECORD_TIERS:
-        raise BadInput(where, "tier", data.get("tier"), f"expected one of {', '.join(RECORD_TIERS)}")
-    for key in ("cell", "date"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise BadInput(where, key, data.get(key), "expected a non-empty string")
-    if data["tier"] in ("failed", "blocked") and not (isinstance(data.get("reason"), str) and data["reason"]):
-        raise BadInput(where, "reason", data.get("reason"), f"a {data['tier']} record says why in one line")
-    check_build_record(where, data)
-    if data.get("last_build") is not None:
-        check_build_record(where, data["last_build"], prefix="last_build.")
-    return data
+    return BuildRecord.read_recipe(path, settings.display(path), recipe or path.stem)
 
 
 # ---------------------------------------------------------------- the table
 
-def _pin(recipe, record: dict) -> str:
-    src = record.get("source") or {}
-    if src.get("commit"):
-        return src["commit"][:12]
-    if src.get("sha256"):
-        return f"sha256 {src['sha256'][:12]}"
+def _pin(recipe: Recipe, record: BuildRecord | None) -> str:
+    if record is not None and record.source_commit:
+        return record.source_commit[:12]
+    if record is not None and record.source_sha256:
+        return f"sha256 {record.source_sha256[:12]}"
     s = recipe.source
     if s.kind == "git":
         return (s.pinned_commit or "")[:12] or f"{s.ref} (tag, commit unrecorded)"
@@ -297,38 +198,33 @@ def _pin(recipe, record: dict) -> str:
     return f"path {s.path_text}"
 
 
-def _size(n) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return ""
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
 
 
-def wall_text(s) -> str:
+def wall_text(s: float | None) -> str:
     if s is None:
         return ""
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
-def _gate(record: dict) -> str:
-    from farm.recipes.buildoutput import flags_differences, sample_text, waived_text
+def _gate(record: BuildRecord) -> str:
+    if record.flags:
+        from farm.recipes.buildoutput import flags_verdict
 
-    flags = record.get("flags")
-    if flags:
-        if flags.get("equal"):
-            waived = f"{waived_text(flags)}; " if flags.get("waived") else ""
-            return f"flags equal the list ({waived}{flags.get('compiling_invocations')} nvcc calls{sample_text(flags)})"
-        return f"flags differ: {flags_differences(flags) or 'no nvcc call seen'}"
-    gate = record.get("gate") or ""
-    warned = record.get("gate_warnings") or []
+        return flags_verdict(record.flags)
+    gate, warned = record.gate or "", record.gate_warnings
     return f"{gate} (warn: {', '.join(warned)})" if gate == "pass" and warned else gate
 
 
-def _tag(record: dict) -> str:
+def _tag(record: BuildRecord) -> str:
     """The platform tag the recipe's wheel reached, short (manylinux_2_34: the status cell is x86_64); a
     record from before tags were recorded has it in its wheel's file name."""
     from farm.platforms import plat_glibc
 
-    tag = record.get("tag") or (record["wheel"][: -len(".whl")].split("-")[-1] if record.get("wheel") else "")
+    tag = record.tag or ""
     glibcs = []
     for part in tag.split(".") if tag else []:
         try:
@@ -338,53 +234,57 @@ def _tag(record: dict) -> str:
     return f"manylinux_{min(glibcs)[0]}_{min(glibcs)[1]}" if glibcs else tag
 
 
-def _floor(record: dict) -> str:
+def _floor(record: BuildRecord | None) -> str:
     """The floor the build was held to; "-" for a record from before floors were kept (unknown)."""
     if not record:
         return ""
-    return (record.get("floor") or {}).get("text") or "-"
+    return record.floor_text or "-"
 
 
-def cell_tally(record: dict, cells: Mapping[str, dict]) -> tuple[int, int, list[tuple[str, str]]]:
+def cell_tally(record: BuildRecord | None,
+               cells: Mapping[str, BuildRecord]) -> tuple[int, int, list[tuple[str, str]]]:
     """(cells built, cells attempted, [(cell, reason)] of the failing ones) over a recipe's cell records and
     its status row (a record older than per-cell records counts for its cell; of two, the newer)."""
     latest = dict(cells)
-    if record.get("tier") in ATTEMPTED_TIERS:
-        mine = latest.get(record["cell"])
-        if mine is None or str(record.get("date")) > str(mine.get("date")):
-            latest[record["cell"]] = record
-    tried = {c: r for c, r in latest.items() if r.get("tier") in ATTEMPTED_TIERS}
-    built = sum(r["tier"] in BUILT_TIERS for r in tried.values())
-    failing = sorted((c, r.get("reason") or "") for c, r in tried.items() if r["tier"] == "failed")
+    if record is not None and record.cell and record.tier in ATTEMPTED_TIERS:
+        mine = latest.get(record.cell)
+        if mine is None or str(record.date) > str(mine.date):
+            latest[record.cell] = record
+    tried = {c: r for c, r in latest.items() if r.tier in ATTEMPTED_TIERS}
+    built = sum(r.tier in BUILT_TIERS for r in tried.values())
+    failing = sorted((c, r.reason or "") for c, r in tried.items() if r.tier == "failed")
     return built, len(tried), failing
 
 
-def status_rows(recipes: Mapping[str, Recipe], records: dict[str, dict],
-                cells: Mapping[str, Mapping[str, dict]] | None = None) -> list[dict[str, str]]:
+def status_rows(recipes: Mapping[str, Recipe], records: Mapping[str, BuildRecord],
+                cells: Mapping[str, Mapping[str, BuildRecord]] | None = None) -> list[dict[str, str]]:
     """One row per recipe, in name order: COLUMNS -> the text shown (`cells`: built/attempted)."""
     rows = []
     for name in sorted(recipes):
-        recipe, rec = recipes[name], records.get(name, {})
+        recipe, rec = recipes[name], records.get(name)
         built, tried, _ = cell_tally(rec, (cells or {}).get(name, {}))
-        if rec.get("tier") == "blocked" and rec.get("last_build"):   # its figures, the block's words
-            last = rec["last_build"]
-            rec = {**{k: v for k, v in last.items() if k != "tier_asked"},
-                   **{k: rec[k] for k in ("tier", "date", "reason", "cell")},
-                   "tier_note": f"last build {last.get('tier')}"}
-        patches = [p["file"] for p in rec.get("patches") or []] if rec.get("patches") else \
-            [p.file for p in recipe.patches]
-        peak = rec.get("peak_mb")
-        hits = (rec.get("compiler_cache") or {}).get("hits")
+        note = ""
+        if rec is not None and rec.tier == "blocked" and (last := rec.last_build):   # its figures, the block's words
+            note = f"last build {last.tier}"
+            rec = last.without("tier_asked").with_(tier=rec.tier, date=rec.date, reason=rec.reason, cell=rec.cell)
+        if rec is None:
+            rows.append({c: "" for c in COLUMNS} | {
+                "recipe": name, "source pin": _pin(recipe, None),
+                "patches": ", ".join(p.file for p in recipe.patches) or "-", "tier": NOT_BUILT,
+                "cell": status_cell_id(recipe), "cells": f"{built}/{tried}" if tried else ""})
+            continue
+        patches = rec.patch_files or tuple(p.file for p in recipe.patches)
+        peak, hits = rec.peak_mb, rec.cache_hits
         rows.append({
             "recipe": name, "source pin": _pin(recipe, rec), "patches": ", ".join(patches) or "-",
-            "tier": rec.get("tier", NOT_BUILT) + (f" (asked {rec['tier_asked']})" if rec.get("tier_asked") else "")
-            + (f" ({rec['tier_note']})" if rec.get("tier_note") else ""),
-            "cell": rec.get("cell") or status_cell_id(recipe), "cells": f"{built}/{tried}" if tried else "",
-            "wall": wall_text(rec.get("wall_s")) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
-            "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.get("wheel_bytes")),
+            "tier": (rec.tier or NOT_BUILT) + (f" (asked {rec.tier_asked})" if rec.tier_asked else "")
+            + (f" ({note})" if note else ""),
+            "cell": rec.cell or status_cell_id(recipe), "cells": f"{built}/{tried}" if tried else "",
+            "wall": wall_text(rec.wall_s) + (f" ({hits} ccache hit{'s' if hits > 1 else ''})" if hits else ""),
+            "peak mem": f"{peak / 1024:.1f} GB" if peak else "", "wheel": _size(rec.wheel_bytes),
             "tag": _tag(rec), "floor": _floor(rec),
-            "SASS": " ".join(rec.get("sass") or []), "PTX": " ".join(rec.get("ptx") or []), "gate": _gate(rec),
-            "date": (rec.get("date") or "")[:10], "reason": rec.get("reason") or "",
+            "SASS": " ".join(rec.sass), "PTX": " ".join(rec.ptx), "gate": _gate(rec),
+            "date": (rec.date or "")[:10], "reason": rec.reason or "",
         })
     return rows
 
@@ -403,13 +303,13 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|") or " "
 
 
-def render_failing_cells(recipes: Mapping[str, Recipe], records: dict[str, dict],
-                         cells: Mapping[str, Mapping[str, dict]]) -> str:
+def render_failing_cells(recipes: Mapping[str, Recipe], records: Mapping[str, BuildRecord],
+                         cells: Mapping[str, Mapping[str, BuildRecord]]) -> str:
     """The section below the table: each recipe's failing cells with their one-line reasons."""
     lines = ["## Failing cells", "",
              "Per recipe, each recorded cell whose last build failed, with its first error line "
              "(`cells` in the table: built, full or smoke, out of attempted, built or failed).", ""]
-    failing = [(name, cell_tally(records.get(name, {}), cells.get(name, {}))) for name in sorted(recipes)]
+    failing = [(name, cell_tally(records.get(name), cells.get(name, {}))) for name in sorted(recipes)]
     items = [f"- **{name}** ({built}/{tried} built): `{cell}`: {reason or 'no reason recorded'}"
              for name, (built, tried, bad) in failing for cell, reason in bad]
     return "\n".join(lines + (items or ["No recorded cell failed."])) + "\n"

@@ -82,6 +82,7 @@ def build_row(row: Row, plan, *, staging: Path, wheelhouse: Path | None, out: Pa
     """Build the row's missing siblings in sequence into `staging`; the report is also written to
     out/row-report.json. `wheelhouse`: the house whose manifest says what is built (None: nothing is)."""
     from farm.build.cell import build_cell
+    from farm.build.request import BuildRequest
     from farm.run.selection import missing_cells
     from farm.wheelhouse import publish
 
@@ -102,8 +103,9 @@ def build_row(row: Row, plan, *, staging: Path, wheelhouse: Path | None, out: Pa
             continue
         t0 = clock()
         try:
-            result = build_cell(cell.id, runner_kind=runner_kind, out=out / cell.id, publish=False,
-                                wheelhouse=wheelhouse, log=log)
+            request = BuildRequest.make(cell.id, runner_kind=runner_kind, out=out / cell.id, publish=False,
+                                        wheelhouse=wheelhouse)
+            result = build_cell(request, log=log)
             if result.wheel is None:
                 raise FarmError(f"{cell.id}: the build made no wheel ({result.status})")
             if result.status == "built":

@@ -19,6 +19,7 @@ from pathlib import Path
 from farm import progress, settings
 from farm.arch.find import PYPI_SIMPLE
 from farm.build.cell import BuildResult, build_cell
+from farm.build.request import BuildRequest
 from farm.errors import DemoFailed
 from farm.process import last_useful_lines, run
 
@@ -43,8 +44,8 @@ def run_demo(cell_id: str | None = None, runner_kind: str | None = None, wheelho
     cell_id = cell_id or DEMO_CELL
     house = Path(wheelhouse or settings.wheelhouse_dir())
     build_dir = Path(build_dir or settings.PROJECT_ROOT / "build")
-    result = build_cell(cell_id, runner_kind=runner_kind, wheelhouse=house, log=log,
-                        out=demo_out(cell_id, build_dir))
+    result = build_cell(BuildRequest.make(cell_id, runner_kind=runner_kind, wheelhouse=house,
+                                          out=demo_out(cell_id, build_dir)), log=log)
     wheel = result.wheel
     assert wheel is not None   # the full tier: only `flags` builds no wheel
     if built is not None:

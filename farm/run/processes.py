@@ -73,6 +73,7 @@ def child_main(argv: list[str]) -> int:
     import argparse
 
     from farm.build.cell import build_cell
+    from farm.build.request import BuildRequest
 
     parser = argparse.ArgumentParser(prog="python -m farm.run.processes --child")
     parser.add_argument("cell")
@@ -85,9 +86,10 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--no-compiler-cache", action="store_true")
     args = parser.parse_args(argv)
     try:
-        res = build_cell(args.cell, runner_kind=args.runner, out=args.out, wheelhouse=args.wheelhouse,
-                         max_jobs=args.max_jobs, max_jobs_reason=args.max_jobs_reason,
-                         compiler_cache=not args.no_compiler_cache, log=lambda m: print(m, flush=True))
+        request = BuildRequest.make(args.cell, runner_kind=args.runner, out=args.out, wheelhouse=args.wheelhouse,
+                                    max_jobs=args.max_jobs, max_jobs_reason=args.max_jobs_reason,
+                                    compiler_cache=not args.no_compiler_cache)
+        res = build_cell(request, log=lambda m: print(m, flush=True))
     except FarmError as exc:
         print(f"farm: {exc}", file=sys.stderr, flush=True)
         _write_json(args.result, {"status": "error", "message": str(exc), "exit_code": exc.exit_code})

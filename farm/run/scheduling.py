@@ -19,12 +19,15 @@ import select as io_select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from farm import settings
+from farm.errors import BadInput
 from farm.process import Popen, spawn, useful_lines
+from farm.recipes.buildrecord import BuildRecord
 from farm.run.processes import descendants, proc_table, stop_tree
 from farm.run.selection import OK_STATUSES, CellRun, Selection
 from farm.runners.admission import admit_jobs
@@ -199,12 +202,12 @@ class Scheduler:
         if code == 0 and result.get("status") in ("built", "up-to-date"):
             cell.status = result["status"]
             cell.wheel = result.get("wheel")
-            record = _read_json(Path(result["record_path"])) if result.get("record_path") else None
+            record = _build_record(result.get("record_path"))
             if record:
                 # a build_requires_farm dependent is keyed by the build, after its dependencies published
-                cell.build_key = record.get("build_key") or cell.build_key
-                cell.peak_process_mb = record.get("peak_process_mb")
-                cell.compiler_cache = _cache_summary(record.get("compiler_cache"))
+                cell.build_key = record.build_key or cell.build_key
+                cell.peak_process_mb = record.peak_process_mb
+                cell.compiler_cache = _cache_summary(record.compiler_cache)
             if cell.expected_fail:
                 cell.message = f"built although expected to fail ({cell.expected_fail}): drop its expected_fail?"
             self.events("finish", cell, self)
@@ -308,7 +311,17 @@ def failure_excerpt(out_dir: Path, child_out: Path, limit: int = 25) -> str:
     return ""
 
 
-def _cache_summary(cache: dict | None) -> dict | None:
+def _build_record(path: object) -> BuildRecord | None:
+    """The child's build.json, when it wrote one this farm reads (the summary does without it)."""
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        return BuildRecord.read(Path(path))
+    except BadInput:
+        return None
+
+
+def _cache_summary(cache: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not cache:
         return None
     stats = cache.get("stats") or {}

@@ -27,7 +27,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from farm.runners.engine import Mount
 from farm.settings import PROJECT_ROOT, cache_dir, ccache_dir
@@ -89,7 +89,7 @@ class Runner(Protocol):
         """(interpreter path as the step sees it, mounts it needs) for Python `version`."""
         ...
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         ...
 
 

@@ -5,6 +5,8 @@ Apart from base.py so that the runners import base and this module imports them,
 
 from __future__ import annotations
 
+from typing import Any
+
 from farm.errors import BadInput
 from farm.runners.base import RUNNER_KINDS, Runner
 from farm.runners.container import ContainerRunner
@@ -17,7 +19,7 @@ def default_kind() -> str:
     return "container" if Engine.available() else "host"
 
 
-def get_runner(kind: str | None = None, arch: str | None = None, **kw) -> Runner:
+def get_runner(kind: str | None = None, arch: str | None = None, **kw: Any) -> Runner:
     """`container` or `host`; None = default_kind()."""
     kind = kind or default_kind()
     if kind == "container":

@@ -17,8 +17,9 @@ import shlex
 import shutil
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -95,7 +96,7 @@ class ContainerRunner:
     def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
         return standard_mounts(work, out, caches)
 
-    def inside(self, host_path, mounts):
+    def inside(self, host_path: Path | str, mounts: Sequence[Mount]) -> str:
         p = Path(host_path).resolve()
         best = None
         for m in mounts:
@@ -128,7 +129,7 @@ class ContainerRunner:
 
     # ----- the tools environment -------------------------------------------------
 
-    def _tool_python(self) -> dict:
+    def _tool_python(self) -> dict[str, Any]:
         own = [p for p in self.image.pythons if not p.get("mount")]
         if not own:
             raise RunnerError(f"image {self.image.ref} records no Python of its own")
@@ -198,11 +199,13 @@ class ContainerRunner:
     def memory_cap_gb(self) -> float | None:
         return self.limits.memory_gb
 
-    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
+    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts: Sequence[Mount] = (),
+                 network: bool = True,
                  log_path: Path | None = None, timeout: float | None = None) -> StepResult:
         return run_logged(self, self._execute, argv, env, mounts, network, log_path, timeout)
 
-    def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
+    def _execute(self, argv: list[str], env: Mapping[str, str], mounts: Sequence[Mount], network: bool,
+                 log_path: Path, timeout: float | None) -> int:
         tools = self.tools_env()
         all_mounts = [*mounts, Mount(tools, TOOLS_TARGET, read_only=True)]
         if not any(m.target == PROJECT_TARGET for m in all_mounts):
@@ -225,7 +228,7 @@ class ContainerRunner:
                               labels={ROLE_LABEL: "build"})
         return res.exit_code
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"runner": self.kind, **self.engine.describe(), **self.image.describe(),
                 "limits": {"memory": self.limits.memory, "cpus": self.limits.cpus},
                 "network_when_off": self.network_isolation,

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -182,13 +183,13 @@ def prefix_dir(builder: images.Image, src: Source) -> Path:
     return cache_dir() / "tools" / f"cpython-{src.version}-{builder.arch}-{build_key(builder.builder_id, src)}"
 
 
-def entry(builder: images.Image, src: Source, folder: Path) -> dict:
+def entry(builder: images.Image, src: Source, folder: Path) -> dict[str, Any]:
     """An image's Python entry for a built prefix: run at `path`, mounted from `source` at `mount`."""
     prefix = prefix_in_container(src)
     return {"version": src.minor, "path": f"{prefix}/bin/python3", "mount": prefix, "source": str(folder)}
 
 
-def built(builder: images.Image, version: str) -> dict | None:
+def built(builder: images.Image, version: str) -> dict[str, Any] | None:
     """The entry of CPython `version` when its prefix for `builder` is built already (nothing is built)."""
     src = SOURCES.get(version)
     if src is None:
@@ -205,7 +206,7 @@ def _script(src: Source, jobs: int) -> str:
             f"&& {prefix}/bin/python3 -c 'import {CHECK_IMPORTS}; print(\"farm-cpython-ok\")'")
 
 
-def ensure(builder: images.Image, version: str, engine: Engine | None = None, quiet: bool = False) -> dict:
+def ensure(builder: images.Image, version: str, engine: Engine | None = None, quiet: bool = False) -> dict[str, Any]:
     """CPython `version` for `builder`'s lane: built once (natively in the image with the -dev packages
     added, under QEMU for an emulated lane), checked by importing what farm steps need, then cached."""
     src = SOURCES[version]

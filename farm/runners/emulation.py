@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from farm import settings
 from farm.errors import BadInput
@@ -94,11 +95,10 @@ def arm_sys_cpu_files(cpus: int) -> dict[str, str]:
     return {k: v + "\n" for k, v in files.items()}
 
 
-def fake_arm_cpu(root, cpus: int | None = None):
+def fake_arm_cpu(root: Path | str, cpus: int | None = None) -> list[tuple[Path, str]]:
     """Write (once) the fake /proc/cpuinfo and sys cpu tree under `root`; return [(host path, target)]."""
     import shutil
     import tempfile
-    from pathlib import Path
 
     cpus = cpus or os.cpu_count() or 1
     root = Path(root)

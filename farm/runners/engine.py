@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 from farm import settings
 from farm.errors import BadInput, EngineError, EngineUnavailable
@@ -157,7 +158,7 @@ class Engine:
         last = (p.stderr or p.stdout).strip().splitlines()
         return False, last[-1] if last else f"exit {p.returncode}"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Engine name and server version for the build record (from `info`)."""
         p = self._run(["info", "--format", "{{json .}}"], check=False, timeout=_INFO_TIMEOUT)
         version = ""
@@ -184,7 +185,7 @@ class Engine:
 
     # ----- images ---------------------------------------------------------------
 
-    def inspect(self, ref: str, kind: str = "image") -> dict | None:
+    def inspect(self, ref: str, kind: str = "image") -> dict[str, Any] | None:
         """`inspect --type image|container`; None when it does not exist."""
         p = self._run(["inspect", "--type", kind, ref], check=False)
         if p.returncode != 0:
@@ -373,7 +374,7 @@ class Engine:
         self._run(["rm", "-f", *(["--time", "0"] if self.name == "podman" else []), container], check=False)
 
     def run(self, image: str, argv: list[str], log_path: Path | None = None, timeout: float | None = None,
-            **create_kw) -> RunResult:
+            **create_kw: Any) -> RunResult:
         """create + start + wait + rm: a one-shot container whose exit code is faithful.
 
         Deliberately not `run --rm`: the docker CLI talking to podman's service
@@ -388,7 +389,7 @@ class Engine:
         finally:
             self.rm(cid)
 
-    def output(self, image: str, argv: list[str], **create_kw) -> str:
+    def output(self, image: str, argv: list[str], **create_kw: Any) -> str:
         """Run a short command in `image` and return its output; fails on non-zero exit."""
         tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"farm-engine-{os.getpid()}-{time.monotonic_ns()}.log"
         try:
@@ -410,16 +411,17 @@ class _log_sink:
     """A file to append output to, or DEVNULL when no log is wanted."""
 
     def __init__(self, path: Path | None):
-        self.path, self.fh = path, None
+        self.path: Path | None = path
+        self.fh: IO[bytes] | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> int | IO[bytes]:
         if self.path is None:
             return DEVNULL
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "ab")
         return self.fh
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.fh:
             self.fh.close()
 

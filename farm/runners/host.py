@@ -12,9 +12,10 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from farm.errors import BadInput
 from farm.platforms import host_arch
@@ -71,11 +72,11 @@ class HostRunner:
     def standard_mounts(self, work: Path, out: Path, caches: dict[str, Path] | None = None) -> list[Mount]:
         return standard_mounts(work, out, caches)
 
-    def inside(self, host_path: Path | str, mounts=()) -> str:
+    def inside(self, host_path: Path | str, mounts: Sequence[Mount] = ()) -> str:
         """A step on the host sees host paths."""
         return str(Path(host_path).resolve())
 
-    def python(self, version: str) -> tuple[str, list]:
+    def python(self, version: str) -> tuple[str, list[Any]]:
         if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
             return sys.executable, []
         for prefix in reversed(images.pyenv_prefixes()):  # newest patch first
@@ -85,11 +86,13 @@ class HostRunner:
             return found, []
         raise BadInput("farm build", "python", version, "no such Python on this host (pyenv prefixes, the farm's own)")
 
-    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts=(), network: bool = True,
+    def run_step(self, argv: list[str], env: dict[str, str] | None = None, mounts: Sequence[Mount] = (),
+                 network: bool = True,
                  log_path: Path | None = None, timeout: float | None = None) -> StepResult:
         return run_logged(self, self._execute, argv, env, mounts, network, log_path, timeout)
 
-    def _execute(self, argv, env, mounts, network, log_path, timeout) -> int:
+    def _execute(self, argv: list[str], env: Mapping[str, str], mounts: Sequence[Mount], network: bool,
+                 log_path: Path, timeout: float | None) -> int:
         cmd = [sys.executable, "-m", self.entrypoint, *argv]
         if not network and self.network_isolation == "namespace":
             cmd = ["unshare", "--net", "--", *cmd]
@@ -107,7 +110,7 @@ class HostRunner:
                 proc.wait()
                 return 124
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None   # 'glibc 2.35'
         glibc = libc.split()[-1] if libc else ""
         own = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from farm import settings
 from farm.errors import BadInput
@@ -36,7 +37,7 @@ def choice(environ: Mapping[str, str] | None = None) -> str:
     return value
 
 
-def image_toolchain(facts: Path = IMAGE_FACTS) -> dict | None:
+def image_toolchain(facts: Path = IMAGE_FACTS) -> dict[str, Any] | None:
     """The toolchain the image's facts file names ({bin, sysroot, gcc, glibc}), None when there is none
     (a manylinux image, whose own gcc already is the old one; the host runner)."""
     try:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -105,7 +106,7 @@ def apt_packages() -> list[str]:
     return out.stdout.split()
 
 
-def base_recipe(arch: str) -> dict:
+def base_recipe(arch: str) -> dict[str, Any]:
     return {"suite": SUITE, "variant": "minbase", "arch": DEB_ARCH[check_arch(arch)],
             "include": sorted(apt_packages()), "version": _BASE_RECIPE_VERSION}
 
@@ -177,7 +178,7 @@ def shown(step: str, log: Path, reader: Callable[[str], None] | None = None) -> 
             yield
 
 
-def _debootstrap(recipe: dict, tarball: Path, log: Path, quiet: bool, *, top: str = ".",
+def _debootstrap(recipe: dict[str, Any], tarball: Path, log: Path, quiet: bool, *, top: str = ".",
                  finish: Callable[[Path], object] | None = None) -> None:
     """Debootstrap `recipe` and pack the root as `tarball`: its members at the top (top "."), or
     inside one folder named `top`; `finish` edits the root first."""
@@ -247,7 +248,7 @@ SYSROOT_DIR = "/opt/farm-sysroot"
 _SYSROOT_RECIPE_VERSION = 1
 
 
-def sysroot_recipe(arch: str) -> dict:
+def sysroot_recipe(arch: str) -> dict[str, Any]:
     return {"suite": SYSROOT_SUITE, "variant": "minbase", "arch": DEB_ARCH[check_arch(arch)],
             "include": sorted(SYSROOT_PACKAGES), "at": SYSROOT_DIR, "version": _SYSROOT_RECIPE_VERSION}
 
@@ -310,7 +311,7 @@ class Image:
     glibc: str
     plat: str  # the lowest manylinux tag this image's toolchain produces
     plat_cap: str  # the highest its glibc allows
-    pythons: list[dict] = field(default_factory=list)  # {version, path, mount?}
+    pythons: list[dict[str, Any]] = field(default_factory=list)  # {version, path, mount?}
     cuda_home: str = ""
     cuda: str = ""  # the CUDA_VERSION build argument (dnf images), "" when the toolkit comes from PyPI
     key: str = ""
@@ -321,21 +322,21 @@ class Image:
     system_packages: list[str] = field(default_factory=list)
     # The host compiler a build uses when it is not the image's own gcc: {bin, sysroot, gcc, glibc}
     # (docker/install-deps.sh, farm/runners/hostcompiler.py). Empty on a manylinux image.
-    toolchain: dict = field(default_factory=dict)
+    toolchain: dict[str, Any] = field(default_factory=dict)
 
     @property
     def builder_id(self) -> str:
         """The builder image's id: what the layer's Python, its envs and tools venv come from."""
         return self.layer_of_id or self.id
 
-    def python(self, version: str) -> dict | None:
+    def python(self, version: str) -> dict[str, Any] | None:
         """The interpreter for Python `version` ("3.12"), with the host prefix to mount if any."""
         return next((p for p in self.pythons if p["version"] == version), None)
 
     def python_versions(self) -> list[str]:
         return [p["version"] for p in self.pythons]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         layer = {"layer_of": self.layer_of, "system_packages": self.system_packages} if self.layer_of else {}
         compiler = {"toolchain": self.toolchain} if self.toolchain else {}
         return {"image_ref": self.ref, "image_id": self.id, "arch": self.arch, "base": self.base,
@@ -582,7 +583,7 @@ def pyenv_prefixes() -> list[Path]:
     return sorted(found, key=lambda p: tuple(int(x) for x in p.name.split(".")))
 
 
-def _host_pythons_usable(engine: Engine, ref: str, have: set[str]) -> list[dict]:
+def _host_pythons_usable(engine: Engine, ref: str, have: set[str]) -> list[dict[str, Any]]:
     """Host pyenv Pythons that run inside the image when mounted read-only at the same path.
 
     A Debian base has its own Python only; the host's pyenv prefixes (same glibc

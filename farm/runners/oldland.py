@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -125,7 +126,7 @@ def fetch_source(src: CPythonSource) -> Path:
 
 # ----- the root, each CPython, the image -------------------------------------------------
 
-def base_recipe(arch: str) -> dict:
+def base_recipe(arch: str) -> dict[str, Any]:
     return {"suite": SUITE, "variant": "minbase", "arch": images.DEB_ARCH[arch], "include": sorted(PACKAGES),
             "version": _RECIPE_VERSION}
 

@@ -20,11 +20,12 @@ import json
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from farm.errors import BadInput, ShrinkRefused
@@ -162,7 +163,7 @@ def _doc(title: str, body: list[str]) -> bytes:
             + "".join(line + "\n" for line in body) + "</body>\n</html>\n").encode("utf-8")
 
 
-def _json(obj) -> bytes:
+def _json(obj: object) -> bytes:
     return (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
@@ -176,7 +177,7 @@ class Site:
         self._parts: dict[str, tuple[str, str, str, str]] = {}
         # page key (folder relative to the wheelhouse) -> ("root"|"project"|"compat"|"compat-root", data)
         self.kind: dict[str, str] = {}
-        self.listing: dict[str, list] = {}
+        self.listing: dict[str, list[Any]] = {}
         roots: dict[str, dict[str, list[ManifestEntry]]] = defaultdict(lambda: defaultdict(list))
         compat: dict[str, list[tuple[str, ManifestEntry]]] = defaultdict(list)
         for e in house.entries:
@@ -246,8 +247,8 @@ class Site:
 
     # ------------------------------------------------------------ signatures
 
-    def signatures(self) -> dict[str, tuple]:
-        sig: dict[str, tuple] = {}
+    def signatures(self) -> dict[str, tuple[Any, ...]]:
+        sig: dict[str, tuple[Any, ...]] = {}
         y = self.house.yanked
         for key, kind in self.kind.items():
             items = self.listing[key]
@@ -331,7 +332,7 @@ class Site:
     def fragments(self) -> dict[str, bytes]:
         """packages/<project>.json of each project in the house: its wheels, as packages.json lists them."""
         h = self.house
-        out: dict[str, list[dict]] = defaultdict(list)
+        out: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for e in sorted(h.entries, key=lambda e: (e.project, e.file)):
             out[e.project].append({
                 "file": e.file, "url": _file_href(h, e, ""), "project": e.project, "version": e.version,
@@ -345,7 +346,7 @@ class Site:
 
 
 def assemble_packages(root: Path, lines: dict[str, list[str]], projects: Iterable[str],
-                      fresh: dict[str, bytes], fragment_of) -> bytes:
+                      fresh: dict[str, bytes], fragment_of: Callable[[str], bytes] | None) -> bytes:
     """packages.json from per-project fragments: fresh ones in memory, the rest as written on disk.
 
     Concatenation, no re-encoding: a publish that touched one project does not serialise 15,000 wheels.
@@ -358,6 +359,7 @@ def assemble_packages(root: Path, lines: dict[str, list[str]], projects: Iterabl
             try:
                 data = (root / PACKAGES_DIR / f"{project}.json").read_bytes()
             except FileNotFoundError:
+                assert fragment_of is not None, f"no packages fragment of {project} and no way to make one"
                 data = fragment_of(project)
         inner = data.strip()[1:-1]
         if inner:
@@ -454,7 +456,7 @@ def remove_pages(root: Path, keys: Iterable[str], kinds: dict[str, str]) -> None
 
 
 def update(root: Path, before: Site | None, after: Site, projects: Iterable[str] | None = None,
-           fragment_of=None) -> list[str]:
+           fragment_of: Callable[[str], bytes] | None = None) -> list[str]:
     """Regenerate only the pages whose listing changed; returns the keys of those whose bytes changed.
 
     `before` and `after` cover the same projects (all of them, or the ones a

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from farm.errors import BadInput
 from farm.settings import display
@@ -48,11 +49,11 @@ class Summary:
                    tuple(sorted({(e.cuda, e.torch or "", e.platform or "any", py, e.version)
                                  for e in entries for py in e.pythons})))
 
-    def to_list(self) -> list:
+    def to_list(self) -> list[Any]:
         return [[list(p) for p in self.linked], list(self.free), list(self.folders), [list(s) for s in self.served]]
 
     @classmethod
-    def from_list(cls, data) -> Summary:
+    def from_list(cls, data: list[Any]) -> Summary:
         linked, free, folders, served = data
         pairs = tuple((str(c), str(t)) for c, t in linked)
         rows = tuple(tuple(row) for row in served)
@@ -94,7 +95,7 @@ class JournalIndex:
         self.exists = False
         self._entries: dict[str, list[ManifestEntry]] = {}
         self._fd: int | None = None
-        self._parsed: dict[int, dict | None] = {}   # line number -> record, for lines parsed while loading
+        self._parsed: dict[int, dict[str, Any] | None] = {}   # line number -> record, for lines parsed while loading
 
     @classmethod
     def load(cls, root: Path, summaries: bool = True) -> JournalIndex:
@@ -141,7 +142,7 @@ class JournalIndex:
         idx._parsed.clear()
         return idx
 
-    def _read_cache(self, ino: int, head: bytes, fh) -> JournalIndex | None:
+    def _read_cache(self, ino: int, head: bytes, fh: BinaryIO) -> JournalIndex | None:
         try:
             with open(self.root / CACHE, "rb") as c:
                 data = json.loads(c.read())

@@ -13,6 +13,7 @@ import re
 import stat
 import time
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -36,6 +37,7 @@ from farm.wheelhouse.index import (
 from farm.wheelhouse.journalindex import cache_problem
 from farm.wheelhouse.manifest import (
     MANIFEST,
+    ManifestEntry,
     append_records,
     house_folder,
     live_entries,
@@ -55,7 +57,7 @@ class RebuildResult:
     missing: list[str] = field(default_factory=list)   # journal entries whose file is gone (only with allow_shrink)
 
 
-def rebuild(wheelhouse, allow_shrink: bool = False) -> RebuildResult:
+def rebuild(wheelhouse: Path | str, allow_shrink: bool = False) -> RebuildResult:
     """Regenerate every page from the journal. Stats wheels, never opens one.
 
     Refuses (ShrinkRefused, nothing written) when any project page or channel
@@ -67,7 +69,7 @@ def rebuild(wheelhouse, allow_shrink: bool = False) -> RebuildResult:
     return RebuildResult(pages=len(site.kind), wheels=len(site.house.entries), missing=missing)
 
 
-def built_keys(wheelhouse=None) -> set[str]:
+def built_keys(wheelhouse: Path | str | None = None) -> set[str]:
     """Build keys of the wheels the house serves (not yanked, not pruned): `farm plan --missing` skips these cells.
 
     A house that does not exist yet has none. Default house: $FARM_WHEELHOUSE, else ./wheelhouse.
@@ -108,7 +110,7 @@ def what_it_is(path: Path, st: os.stat_result) -> str:
     return f"a symlink to {os.readlink(path)}" if kind == "a symlink" else kind or "a file"
 
 
-def _listing(folder: Path) -> list[os.DirEntry]:
+def _listing(folder: Path) -> list[os.DirEntry[str]]:
     """A folder's entries by name; a folder that is there but cannot be listed is refused (BadInput), never
     read as an empty one (design.md §9.5)."""
     try:
@@ -119,7 +121,7 @@ def _listing(folder: Path) -> list[os.DirEntry]:
                        f"cannot be listed ({exc.strerror or exc}); nothing changed") from None
 
 
-def house_files(root: Path):
+def house_files(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
     """(path relative to the house, path, lstat) of every entry under files/ (two levels), temporaries
     (dot-names, a crashed publish's leftovers: prune removes them) left out. Never follows a link, files/
     itself included (then there are none); a folder it cannot list is refused (BadInput)."""
@@ -157,7 +159,7 @@ def _kind(st: os.stat_result) -> str | None:
     return "a symlink" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
 
 
-def verify(wheelhouse) -> list[str]:
+def verify(wheelhouse: Path | str) -> list[str]:
     """Check the whole house; one line per problem (empty: all good).
 
     The journal (missing, empty, torn tail, damaged lines), every wheel and sidecar re-hashed against
@@ -268,7 +270,7 @@ def _orphan_remedy(rel: str, root: Path) -> str:
     return "not a wheel or a wheel's sidecar: `farm index recover` leaves it, remove it by hand"
 
 
-def _page_problems(root: Path, entries) -> list[str]:
+def _page_problems(root: Path, entries: Iterable[ManifestEntry]) -> list[str]:
     """Every page and packages file the journal gives exists with those bytes; no page it does not give."""
     try:
         site = Site(House.derive(entries, Config.load(root)))
@@ -344,7 +346,7 @@ class PruneResult:
     orphans: list[str] = field(default_factory=list)
 
 
-def prune(wheelhouse, before: datetime | str) -> PruneResult:
+def prune(wheelhouse: Path | str, before: datetime | str) -> PruneResult:
     """Delete yanked wheels published before `before`, and leftovers of crashed publishes older than it.
 
     Journal first, then pages, then the files: at no point does a page link a deleted file.

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from farm import settings
 from farm.errors import BadInput, FarmError
@@ -75,7 +76,7 @@ class ManifestEntry:
     arch_list: str | None = None
     published: str = ""         # UTC, ISO 8601
     host: str = ""
-    extra: dict = field(default_factory=dict, hash=False)   # other build-record fields worth keeping (toolkit, image, ...)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)   # other build-record fields worth keeping (toolkit, image, ...)
 
     @property
     def channels_fixed(self) -> tuple[str, str] | None:
@@ -93,7 +94,7 @@ class ManifestEntry:
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: dict) -> ManifestEntry:
+    def from_dict(cls, d: dict[str, Any]) -> ManifestEntry:
         d = {k: v for k, v in d.items() if k in _ENTRY_FIELDS} if d.keys() - _ENTRY_FIELDS != {"op"} else dict(d)
         d.pop("op", None)
         d["pythons"] = tuple(d.get("pythons") or ())
@@ -142,7 +143,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def house_folder(root, create: bool = False) -> Path:
+def house_folder(root: Path | str, create: bool = False) -> Path:
     """The wheelhouse folder, refused in one line when it is a file, or missing and not to be created.
 
     Only commands that publish create a house; the ones asked to read or
@@ -210,7 +211,7 @@ def _intact(raw: bytes) -> bool:
 class Scan:
     """What a read of journal bytes found: good records, damaged complete lines, and a torn tail."""
 
-    records: list[tuple[int, str, dict]] = field(default_factory=list)   # (line number, text, record)
+    records: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)   # (line number, text, record)
     starts: dict[int, int] = field(default_factory=dict)                # line number -> byte offset in the data
     bad: list[tuple[int, str]] = field(default_factory=list)             # (line number, problem)
     torn: int = 0            # bytes after the last newline (a torn append)
@@ -298,7 +299,7 @@ class Journal:
         return {e.file: e for e in self.entries}
 
 
-def live_entries(path: Path, records: Iterable[tuple[int, dict | None]]) -> tuple[dict[str, ManifestEntry], dict[str, str]]:
+def live_entries(path: Path, records: Iterable[tuple[int, dict[str, Any] | None]]) -> tuple[dict[str, ManifestEntry], dict[str, str]]:
     """Apply (line number, record) pairs in journal order: live entries by file (publish order), removed files."""
     live: dict[str, ManifestEntry] = {}
     removed: dict[str, str] = {}
@@ -328,7 +329,7 @@ def live_entries(path: Path, records: Iterable[tuple[int, dict | None]]) -> tupl
     return live, removed
 
 
-def parse_checked(path: Path, lines: list[str], first: int = 1) -> list[tuple[int, dict | None]]:
+def parse_checked(path: Path, lines: list[str], first: int = 1) -> list[tuple[int, dict[str, Any] | None]]:
     """Lines already checked by scan() (or this process's own): parse in one go."""
     records = json.loads("[" + ",".join(line or "null" for line in lines) + "]")
     return list(enumerate(records, first))

@@ -11,8 +11,10 @@ a name already published with other bytes is refused (PublishConflict), never ov
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from farm.errors import BadInput
 from farm.settings import display
@@ -29,7 +31,7 @@ class MergeResult:
     stagings: int = 0
 
 
-def staged(staging: Path) -> list[tuple[Path, dict, str]]:
+def staged(staging: Path) -> list[tuple[Path, dict[str, Any], str]]:
     """(wheel path, build record, sha256) of each wheel of one staging wheelhouse, hashes checked."""
     staging = Path(staging)
     if not (staging / "manifest.jsonl").is_file():
@@ -50,14 +52,14 @@ def staged(staging: Path) -> list[tuple[Path, dict, str]]:
     return out
 
 
-def merge(stagings, wheelhouse) -> MergeResult:
+def merge(stagings: Iterable[Path | str], wheelhouse: Path | str) -> MergeResult:
     """Publish every wheel of every staging folder into `wheelhouse` in one publish (one lock, one
     page update, all or nothing); every staging folder is checked first. A wheel staged by two hosts
     with the same bytes is published once; with other bytes the merge stops before writing."""
-    wheels: dict[str, tuple[Path, dict, str]] = {}
+    wheels: dict[str, tuple[Path, dict[str, Any], str]] = {}
     stagings = [Path(s) for s in stagings]
     for staging in stagings:
-        for path, record, sha256 in staged(staging):
+        for path, record, sha256 in staged(Path(staging)):
             seen = wheels.get(path.name)
             if seen is None:
                 wheels[path.name] = (path, record, sha256)

@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.parser import BytesHeaderParser
@@ -32,7 +33,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import BadInput, PublishConflict
-from farm.recipes.buildrecord import check_build_record
+from farm.recipes.buildrecord import BuildRecord
 from farm.settings import display
 from farm.versions import minor_of
 from farm.wheelhouse.index import FILES, PUT_BACK, Config, House, Site, channel_lines, unpaged, update
@@ -70,7 +71,7 @@ class _Prepared:
     name: WheelName
     metadata: bytes
     requires_python: str | None
-    record: dict
+    record: BuildRecord
     metadata_name: str = ""
     temp: Path | None = None
     sha256: str = ""
@@ -116,7 +117,7 @@ def read_metadata(wheel: Path, wn: WheelName) -> tuple[bytes, str, str | None]:
     return data, name.strip(), (requires.strip() if requires else None)
 
 
-def load_records(record, wheels: list[Path]) -> dict[str, dict]:
+def load_records(record: object, wheels: list[Path]) -> dict[str, BuildRecord]:
     """Build records per wheel file name.
 
     `record` is None, a dict, a list of dicts, or a path to a JSON file holding
@@ -134,31 +135,32 @@ def load_records(record, wheels: list[Path]) -> dict[str, dict]:
     if record is None:
         return {}
     items = record if isinstance(record, list) else [record]
-    out: dict[str, dict] = {}
+    out: dict[str, BuildRecord] = {}
     for item in items:
-        check_build_record(where, item)   # the form the build writes (design.md §4.5)
-        file = item.get("wheel")
+        checked = BuildRecord(item, where)   # the form the build writes (design.md §4.5)
+        file = checked.wheel
         if file is None:
             if len(wheels) != 1 or len(items) != 1:
                 raise BadInput(where, "wheel", None, "name the wheel file each record belongs to when publishing several")
             file = wheels[0].name
-        out[file] = item
+        out[file] = checked
     unknown = set(out) - {w.name for w in wheels}
     if unknown:
         raise BadInput(where, "wheel", sorted(unknown)[0], "this record names no wheel being published")
     return out
 
 
-def _check_record(where: str, wn: WheelName, rec: dict) -> None:
-    """The build record's schema (design.md §4.5), and the wheel's label agrees with it."""
-    check_build_record(where, rec)
-    if rec.get("cuda") is not None and rec["cuda"] != wn.cuda:
-        raise BadInput(where, "cuda", rec["cuda"], f"the wheel's label says CUDA {wn.cuda}")
-    if wn.torch and rec.get("torch") is not None and minor_of(rec["torch"]) != wn.torch:
-        raise BadInput(where, "torch", rec["torch"], f"the wheel's label says torch {wn.torch}")
+def _check_record(where: str, wn: WheelName, data: object) -> BuildRecord:
+    """`data` as a build record: the schema (design.md §4.5), and the wheel's label agrees with it."""
+    rec = BuildRecord(data, where)
+    if rec.cuda is not None and rec.cuda != wn.cuda:
+        raise BadInput(where, "cuda", rec.cuda, f"the wheel's label says CUDA {wn.cuda}")
+    if wn.torch and rec.torch is not None and minor_of(rec.torch) != wn.torch:
+        raise BadInput(where, "torch", rec.torch, f"the wheel's label says torch {wn.torch}")
+    return rec
 
 
-def _prepare(wheel: Path, rec: dict) -> _Prepared:
+def _prepare(wheel: Path, rec: BuildRecord) -> _Prepared:
     wn = parse_wheel_name(wheel.name, display(wheel))
     if not wheel.is_file():
         raise BadInput(display(wheel), None, None, "file not found")
@@ -201,19 +203,16 @@ def _stage(root: Path, p: _Prepared) -> None:
 
 def _entry(p: _Prepared, now: str, host: str) -> ManifestEntry:
     wn, rec = p.name, p.record
-    arch = rec.get("arch_list")
-    if isinstance(arch, list):
-        arch = " ".join(str(a) for a in arch)
     extra = {k: v for k, v in rec.items()
              if k not in _RECORD_KEYS and isinstance(v, (str, int, float, bool)) and len(str(v)) <= 200}
     return ManifestEntry(
         file=wn.file, project=wn.project, name=p.metadata_name, version=wn.version, build_tag=wn.build_tag,
         python_tag=wn.python_tag, abi_tag=wn.abi_tag, platform_tag=wn.platform_tag, cuda=wn.cuda,
         torch=wn.torch, platform=wn.platform,
-        pythons=tuple(rec["pythons"]) if rec.get("pythons") else served_pythons(wn, p.requires_python),
+        pythons=rec.pythons or served_pythons(wn, p.requires_python),
         size=p.size, sha256=p.sha256, metadata_sha256=hashlib.sha256(p.metadata).hexdigest(),
-        requires_python=p.requires_python, cell=rec.get("cell") or wn.cell_id(),
-        build_key=rec.get("build_key"), arch_list=arch, published=now, host=host, extra=extra,
+        requires_python=p.requires_python, cell=rec.cell or wn.cell_id(),
+        build_key=rec.build_key, arch_list=rec.arch_list, published=now, host=host, extra=extra,
     )
 
 
@@ -269,12 +268,12 @@ def _refuse_on_a_damaged_journal(root: Path, idx: JournalIndex, result: PublishR
                             f"{FILES}/ has a record")
 
 
-def publish(wheels, wheelhouse, record=None) -> PublishResult:
+def publish(wheels: Iterable[Path | str], wheelhouse: Path | str, record: object = None) -> PublishResult:
     """Publish wheel files into the wheelhouse. `record`: build record(s) (see load_records)."""
     root = house_folder(wheelhouse, create=True)
     paths = _distinct_wheels(wheels)
     records = load_records(record, paths)
-    prepared = [_prepare(w, records.get(w.name, {})) for w in paths]
+    prepared = [_prepare(w, records.get(w.name) or BuildRecord({})) for w in paths]
     result = PublishResult()
     if root.is_dir():   # refuse a damaged journal before staging writes anything (again under the lock)
         try:
@@ -312,7 +311,7 @@ def publish(wheels, wheelhouse, record=None) -> PublishResult:
     return result
 
 
-def _distinct_wheels(wheels) -> list[Path]:
+def _distinct_wheels(wheels: Iterable[Path | str]) -> list[Path]:
     paths = [Path(w) for w in wheels]
     seen: dict[str, Path] = {}
     for w in paths:

@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from farm.errors import BadInput, shorten
+from farm.recipes.buildrecord import BuildRecord
 from farm.settings import display
 from farm.wheelhouse.index import FILES, rebuild_pages
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, house_files, what_it_is
@@ -60,8 +61,8 @@ class RecoverResult:
     pages: int = 0
 
 
-def carried_record(path: Path) -> dict:
-    """The build record a wheel carries in its own .dist-info/farm_build.json ({} when it has none, or when
+def carried_record(path: Path) -> BuildRecord:
+    """The build record a wheel carries in its own .dist-info/farm_build.json (empty when it has none, or when
     the file is not a readable farm wheel: listing it fails later, and says why). One it carries in another
     form than the build writes (design.md §4.5), or at odds with its label, is refused: BadInput naming the
     wheel, the key and the value."""
@@ -72,9 +73,9 @@ def carried_record(path: Path) -> dict:
             names = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f".dist-info/{BUILD_INFO_NAME}")]
             data = zf.read(names[0]) if len(names) == 1 else None
     except (BadInput, *ZIP_READ_ERRORS):
-        return {}
+        return BuildRecord({})
     if data is None:
-        return {}
+        return BuildRecord({})
     where = f"{display(path)} {BUILD_INFO_NAME}"
     fix = "nothing changed; move the wheel away, or publish it with a good --record"
     try:
@@ -82,13 +83,12 @@ def carried_record(path: Path) -> dict:
     except ValueError as exc:   # UnicodeDecodeError too
         raise BadInput(where, None, None, f"not JSON ({shorten(str(exc), 80)}); {fix}") from None
     try:
-        _check_record(where, wn, rec)
+        return _check_record(where, wn, rec)
     except BadInput as exc:
         raise BadInput(exc.where, exc.key, exc.value, f"{exc.problem}; {fix}") from None
-    return rec
 
 
-def _derive(path: Path, project: str, when: str, rec: dict) -> tuple[ManifestEntry, bytes]:
+def _derive(path: Path, project: str, when: str, rec: BuildRecord) -> tuple[ManifestEntry, bytes]:
     """A record for a wheel file no record accounts for, from the file and the build record it carries
     (BadInput when it cannot be listed)."""
     from farm.wheelhouse.wheelfile import wheel_file_problems
@@ -101,11 +101,10 @@ def _derive(path: Path, project: str, when: str, rec: dict) -> tuple[ManifestEnt
         raise BadInput(str(path), None, None, f"not a sound wheel file: {problems[0]}")
     metadata, name, requires = read_metadata(path, wn)
     st = path.stat()
-    p = _Prepared(path, wn, metadata, requires, {**rec, "recovered": when}, metadata_name=name,
+    p = _Prepared(path, wn, metadata, requires, rec.with_(recovered=when), metadata_name=name,
                   sha256=file_sha256(path), size=st.st_size)
     mtime = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    host = rec.get("host")
-    return _entry(p, mtime, host if isinstance(host, str) else "recovered"), metadata
+    return _entry(p, mtime, rec.host or "recovered"), metadata
 
 
 def _write_sidecar(path: Path, data: bytes) -> None:
@@ -148,7 +147,7 @@ def _sha256(path: Path) -> str:
                        f"cannot be read ({exc.strerror or exc}): recover changed nothing") from None
 
 
-def recover(wheelhouse) -> RecoverResult:
+def recover(wheelhouse: Path | str) -> RecoverResult:
     root = house_folder(wheelhouse)
     result = RecoverResult()
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -204,9 +203,9 @@ def recover(wheelhouse) -> RecoverResult:
                     continue
                 metadata = _wheel_metadata(path)
             else:
-                rec = carried_record(path)   # a forged one: refused before anything is written
+                carried = carried_record(path)   # a forged one: refused before anything is written
                 try:
-                    e, metadata = _derive(path, project, now, rec)
+                    e, metadata = _derive(path, project, now, carried)
                 except (BadInput, zipfile.BadZipFile, OSError) as exc:
                     result.left.append(f"{rel}: {exc}")
                     continue

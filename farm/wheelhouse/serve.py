@@ -37,6 +37,7 @@ from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from farm.errors import BadInput, FarmError
@@ -104,17 +105,18 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
     # Errors found before the version is parsed (a bad version itself) get a status line, not
     # HTTP/0.9's bare body; no client of an index speaks 0.9.
     default_request_version = "HTTP/1.0"
+    server: WheelhouseServer
 
-    def __init__(self, *args, directory: str, **kwargs):
+    def __init__(self, *args: Any, directory: str, **kwargs: Any):
         super().__init__(*args, directory=directory, **kwargs)
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.rfile.close()   # the plain reader: the one below also keeps the head's deadline
         self.head_clock = _HeadClock(self.connection, self.server.head_deadline(self.connection))
         self.rfile = io.BufferedReader(self.head_clock)
 
-    def handle_one_request(self):
+    def handle_one_request(self) -> None:
         """BaseHTTPRequestHandler's, with a request line limit of MAX_REQUEST_LINE (not 64 kB) and
         the rest of an over-long request read and dropped, so the 414 reaches the client before the
         close (closing on unread bytes would reset the connection). A head not whole by its
@@ -197,7 +199,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         # The dot rule again on where a link led: an in-house link to the lock or a temporary is a 404 too.
         return None if any(p.startswith(".") for p in real[len(root) + 1:].split(os.sep)) else real
 
-    def send_head(self):
+    def send_head(self) -> BinaryIO | None:   # None: answered already
         fs = self._local_path()
         if isinstance(fs, int):
             self.send_error(fs)
@@ -209,23 +211,25 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
             if path.endswith("/") and len(parts) >= 2:
                 fixed = normalize(parts[-1])
                 if fixed != parts[-1] and self._inside(fs.parent / fixed) and (fs.parent / fixed).is_dir():
-                    return self._redirect("/" + "/".join(parts[:-1] + [fixed]) + "/")
+                    self._redirect("/" + "/".join(parts[:-1] + [fixed]) + "/")
+                    return None
             self.send_error(HTTPStatus.NOT_FOUND)
             return None
         if os.path.isdir(real):
             if not path.endswith("/"):
-                return self._redirect(path + "/")
+                self._redirect(path + "/")
+                return None
             return self._send_index(Path(real))
         return self._send_file(real, self.guess_type(real))
 
-    def _redirect(self, location: str):
+    def _redirect(self, location: str) -> None:
         self.send_response(HTTPStatus.MOVED_PERMANENTLY)
         self.send_header("Location", quote(location, safe="/%"))   # the request's path is quoted already
         self.send_header("Content-Length", "0")
         self.end_headers()
         return None
 
-    def _open_regular(self, real: str):
+    def _open_regular(self, real: str) -> BinaryIO | None:
         """An open regular file at `real` (no symlink in its last step, no FIFO that would block), or None."""
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -236,7 +240,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
             return None
         return os.fdopen(fd, "rb")
 
-    def _send_file(self, real: str, ctype: str, extra: dict | None = None):
+    def _send_file(self, real: str, ctype: str, extra: dict[str, Any] | None = None) -> BinaryIO | None:
         fh = self._open_regular(real)
         if fh is None:
             self.send_error(HTTPStatus.NOT_FOUND)
@@ -251,7 +255,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
         self.end_headers()
         return fh
 
-    def _send_index(self, folder: Path):
+    def _send_index(self, folder: Path) -> BinaryIO | None:
         choice = negotiate(self.headers.get("Accept")) if self.negotiate_json else ("html", "text/html; charset=utf-8")
         if choice is None:
             self.send_error(HTTPStatus.NOT_ACCEPTABLE, "serves application/vnd.pypi.simple.v1+json or text/html")
@@ -267,13 +271,13 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
             return None
         return self._send_file(page, ctype, {"Vary": "Accept", "Cache-Control": "max-age=60"})
 
-    def guess_type(self, path):
+    def guess_type(self, path: str | os.PathLike[str]) -> str:
         name = str(path)
         if name.endswith((".whl", ".metadata")):
             return "application/octet-stream"
         return super().guess_type(path)
 
-    def log_request(self, code="-", size="-"):
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if isinstance(code, HTTPStatus):
             code = code.value
         stamp = datetime.now(timezone.utc).strftime("%d/%b/%Y:%H:%M:%S +0000")
@@ -288,7 +292,7 @@ class WheelhouseHandler(SimpleHTTPRequestHandler):
                 self.log_stream.write(line)
                 self.log_stream.flush()
 
-    def log_error(self, format, *args):  # the request line is logged once by log_request
+    def log_error(self, format: str, *args: Any) -> None:  # the request line is logged once by log_request
         pass
 
 
@@ -303,12 +307,13 @@ class _HeadClock(io.RawIOBase):
 
     def __init__(self, sock: socket.socket, deadline: float):
         super().__init__()
-        self.sock, self.deadline = sock, deadline
+        self.sock = sock
+        self.deadline: float | None = deadline
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:
+    def readinto(self, buf: Any) -> int:
         if self.deadline is None:
             return self.sock.recv_into(buf)
         left = self.deadline - time.monotonic()
@@ -331,9 +336,9 @@ class WheelhouseServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = MAX_CLIENTS
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any):
         self.closed = False
-        self._clients: dict[socket.socket, list] = {}   # connection -> [accepted at, head still due]
+        self._clients: dict[socket.socket, list[Any]] = {}   # connection -> [accepted at, head still due]
         self._clients_changed = threading.Condition()
         super().__init__(*args, **kwargs)
 
@@ -347,7 +352,7 @@ class WheelhouseServer(ThreadingHTTPServer):
             if conn in self._clients:
                 self._clients[conn][1] = False
 
-    def process_request(self, request, client_address):
+    def process_request(self, request: Any, client_address: Any) -> None:
         with self._clients_changed:
             room = len(self._clients) < MAX_CLIENTS or self._evict_slowest_head()
             if room:
@@ -376,7 +381,7 @@ class WheelhouseServer(ThreadingHTTPServer):
         _cut(conn)
         return True
 
-    def process_request_thread(self, request, client_address):
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -387,7 +392,7 @@ class WheelhouseServer(ThreadingHTTPServer):
             self._clients.pop(conn, None)
             self._clients_changed.notify_all()
 
-    def server_close(self):
+    def server_close(self) -> None:
         """Close the listening socket, then every open connection; wait a moment (CLOSE_WAIT) for their threads
         to log their last line, then silence the log: a thread still busy past that writes nothing more."""
         super().server_close()
@@ -412,7 +417,7 @@ def _printable(text: str, limit: int) -> str:
     return text.replace('"', '\\"')
 
 
-def make_server(wheelhouse, host: str = "127.0.0.1", port: int = 0, access_log=None,
+def make_server(wheelhouse: Path | str, host: str = "127.0.0.1", port: int = 0, access_log: Path | str | None = None,
                 negotiate: bool = True) -> WheelhouseServer:
     """A ready server (not yet serving); `server.server_address[1]` is the port."""
     class Handler(WheelhouseHandler):   # one class per server: log_stream is set on it below
@@ -459,7 +464,8 @@ def startup_lines(root: Path, base_url: str) -> list[str]:
     return out
 
 
-def serve(wheelhouse, host: str = "127.0.0.1", port: int = 8000, access_log=None, negotiate: bool = True) -> None:
+def serve(wheelhouse: Path | str, host: str = "127.0.0.1", port: int = 8000, access_log: Path | str | None = None,
+          negotiate: bool = True) -> None:
     """Serve until SIGTERM or Ctrl-C; both end it within one poll (0.1 s), in-flight downloads cut off.
 
     The stop signals are blocked before any thread starts, so every thread inherits the mask and

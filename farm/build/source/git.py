@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -26,7 +27,7 @@ from farm.recipes.model import FULL_SHA
 
 
 def _git(args: Sequence[str], cwd: Path | None = None, check: bool = True,
-         input: str | None = None) -> CompletedProcess:
+         input: str | None = None) -> CompletedProcess[str]:
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_ASKPASS="true")
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
@@ -156,7 +157,7 @@ def commit_date(repo: Path, sha: str) -> int:
 
 
 def checkout(mirror: Path, url: str, sha: str, dest: Path, submodules: bool, prefix: str, where: str,
-              exclude: tuple[str, ...] = (), exclude_key: str = f"source.git.{gitsparse.KEY}") -> list:
+              exclude: tuple[str, ...] = (), exclude_key: str = f"source.git.{gitsparse.KEY}") -> list[Any]:
     if not _rev(mirror, f"refs/farm/{sha}"):
         with FileLock(str(mirror) + ".lock"):
             _git(["update-ref", f"refs/farm/{sha}", sha], cwd=mirror)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from farm.build.source.base import ZIP_EPOCH, Fetched
@@ -16,7 +17,7 @@ _PATH_IGNORED_ANYWHERE = ("__pycache__", "*.egg-info", ".git", "*.pyc")
 _PATH_IGNORED_TOP = ("build", "dist", ".eggs")
 
 
-def _path_ignore(top: Path):
+def _path_ignore(top: Path) -> Callable[[str, list[str]], set[str]]:
     def ignore(folder: str, names: list[str]) -> set[str]:
         import fnmatch
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import Any, NoReturn
 
 from farm import settings
 from farm.build.source.scan import Hazard, scan_tree
@@ -36,7 +37,7 @@ class _CommandLine(Reader):
         super().__init__(Path("command line"))
         self.where = "command line"
 
-    def fail(self, key, value, problem):
+    def fail(self, key: str | None, value: Any, problem: str) -> NoReturn:
         raise BadInput("command line", _OPTIONS.get(key or "", key), value, problem)
 
 
@@ -45,7 +46,7 @@ class Pinned:
     """What fetching found: the recipe's `source` mapping, the version PKG-INFO gives (sdists only),
     and the tree it fetched (for the scan)."""
 
-    source: dict
+    source: dict[str, Any]
     version: str | None
     tree: Path
     shown: str
@@ -169,7 +170,7 @@ def render(name: str, pinned: Pinned, defaults: Defaults, hazards: list[Hazard])
     return "\n".join(lines) + "\n"
 
 
-def _rows(table) -> list[tuple[str, str]]:
+def _rows(table: Mapping[str, object]) -> list[tuple[str, str]]:
     from farm.versions import vtuple
 
     return [(cuda, str(table[cuda])) for cuda in sorted(table, key=vtuple)]

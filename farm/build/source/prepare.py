@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from farm.build.source.archive import ARCHIVE_SUFFIXES, archive_name, download, extract_archive, fetch_sdist
 from farm.build.source.base import Fetched, sources_cache
@@ -47,7 +47,7 @@ class SourceResult:
     exclude: tuple[str, ...] = ()                  # git only: paths left out of the checkout
     source_date_epoch: int = 0                     # SOURCE_DATE_EPOCH of the tree (design.md §6.5)
 
-    def key_inputs(self) -> dict:
+    def key_inputs(self) -> dict[str, Any]:
         """The semantic inputs for the build key (design.md §5.4): no paths, no descriptions."""
         out = {
             "kind": self.kind,
@@ -60,7 +60,7 @@ class SourceResult:
             out["exclude"] = list(self.exclude)
         return out
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """For the build record and farm_build.json."""
         out = self.key_inputs()
         out.update(
@@ -141,7 +141,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: str = "recipe") -> tuple:
+def fetch_extra_sources(work_dir: Path, items: Sequence[ExtraSource], *, where: str = "recipe") -> tuple[Any, ...]:
     """Place each extra source at its `dest` in the fetched tree: an archive (cached by its sha256
     and checked before use, extracted without its single top folder; any other file is copied
     as is) or a pinned git tree (through the main source's mirror and checkout, same cache, same

@@ -18,6 +18,10 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farm.recipes.model import Recipe
 
 BUILD_NAMES = ("setup.py", "CMakeLists.txt")
 BUILD_SUFFIXES = (".cmake",)
@@ -72,13 +76,13 @@ FIX = {
 class Rule:
     kind: str
     where: str                 # "python" (setup.py), "cmake", "source" (C++/CUDA)
-    pattern: re.Pattern
+    pattern: re.Pattern[str]
     summary: str               # may use {0}: the pattern's first group
-    unless: re.Pattern | None = None   # a hit near a line matching this is no hazard
+    unless: re.Pattern[str] | None = None   # a hit near a line matching this is no hazard
     window: int = UNLESS_WINDOW        # lines either side `unless` looks at (0: the hit's own line)
 
 
-def _rx(text: str) -> re.Pattern:
+def _rx(text: str) -> re.Pattern[str]:
     return re.compile(text)
 
 
@@ -155,7 +159,7 @@ class Hazard:
     def location(self) -> str:
         return f"{self.file}:{self.line}"
 
-    def plain(self) -> dict:
+    def plain(self) -> dict[str, Any]:
         return {"kind": self.kind, "file": self.file, "line": self.line, "lines": list(self.lines),
                 "text": self.text, "summary": self.summary, "fix": self.fix, "handled": self.handled,
                 "package": self.package}
@@ -335,7 +339,7 @@ def read_hunks(patch_text: str) -> list[Hunk]:
     return hunks
 
 
-def handled_by(hazards: Iterable[Hazard], recipe, patches: Mapping[str, str], texts: Mapping[str, str]) -> list[Hazard]:
+def handled_by(hazards: Iterable[Hazard], recipe: Recipe, patches: Mapping[str, str], texts: Mapping[str, str]) -> list[Hazard]:
     """`hazards` with `handled` said where `recipe` already deals with them: `patches` maps a patch's file
     name to its text, `texts` a scanned file to its text (for the env variables it reads)."""
     hunks = {name: read_hunks(text) for name, text in patches.items() if not name.endswith(".py")}
@@ -374,7 +378,7 @@ def handled_by(hazards: Iterable[Hazard], recipe, patches: Mapping[str, str], te
     return out
 
 
-def scan_recipe(recipe, source: Path | None = None) -> ScanReport:
+def scan_recipe(recipe: Recipe, source: Path | None = None) -> ScanReport:
     """The hazards of a recipe's upstream source: `source` (a checkout's root, as the recipe's patches
     see it), else the recipe's own source fetched through the build's source step, without its
     patches, into a temporary folder. Each hazard says what in the recipe already handles it."""

@@ -10,6 +10,7 @@ import email.parser
 import fnmatch
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -22,6 +23,7 @@ from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv
 from farm.errors import FatbinError
 from farm.platforms import from_wheel_platform_tag, lane, origin_relative
+from farm.recipes.model import AllowedMissing
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.wheelhouse.wheelfile import Wheel, dotted, file_problems, glibc_of_tag, names_nvidia_wheel
 
@@ -197,7 +199,7 @@ def check_elf(w: Wheel, exp: Expectation, torch_env: TorchEnv | None) -> CheckRe
     bounds = [g for g in (glibc_of_tag(p) for p in plats) if g]
     bound = min(bounds) if bounds else None
     problems: list[str] = []
-    details: dict = {"modules": {}, "glibc_bound": None if bound is None else dotted(bound)}
+    details: dict[str, Any] = {"modules": {}, "glibc_bound": None if bound is None else dotted(bound)}
 
     def allowed(lib: str) -> bool:
         if _SYSTEM_NEEDED.fullmatch(lib) or lib in shipped or lib in DRIVER_LIBS:
@@ -245,7 +247,7 @@ def check_floor(w: Wheel, exp: Expectation) -> CheckResult:
     allowed = symbol_versions(exp.floor, exp.platform)
     bins = w.elf_binaries()
     problems: list[str] = []
-    details: dict = {"floor": exp.floor, "above": {}}
+    details: dict[str, Any] = {"floor": exp.floor, "above": {}}
     for b in bins:
         above: dict[str, set[str]] = {}   # prefix -> the versions it needs that the floor lacks
         for _, version in b.elf.version_needs:
@@ -345,7 +347,7 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
         names = sorted({f"{n} ({c})" for _, n, c in compressed})
         warnings.append(f"compressed fatbin entries, listed from their headers and not decompressed: "
                         f"{', '.join(names)} (a driver must be able to decompress them)")
-    if waived_tokens:
+    if waived_tokens and waiver is not None:   # tokens are waived by a waiver only
         warnings.append(f"missing {' '.join(waived_tokens)} waived (verify.allow_missing_archs): {waiver.reason}")
     details["missing"] = [str(t) for t in missing] + [f"{t.major}.{t.minor}+PTX" for t in missing_ptx]
     details["waived"] = waived_tokens
@@ -353,9 +355,9 @@ def check_arches(w: Wheel, exp: Expectation) -> CheckResult:
     return CheckResult.of("arches", problems, warnings, ok, details)
 
 
-def missing_waiver(knobs: VerifyKnobs, platform: str):
+def missing_waiver(knobs: VerifyKnobs, platform: str) -> AllowedMissing | None:
     """The recipe's `verify.allow_missing_archs` entry for `platform` (or its lane), or None."""
-    table: Mapping = knobs.allow_missing_archs or {}
+    table: Mapping[str, Any] = knobs.allow_missing_archs or {}
     return table.get(platform) or table.get(lane(platform))
 
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from farm.archlist import ArchList
 from farm.errors import GateCannotRun
@@ -19,6 +20,10 @@ from farm.recipes.model import Verify as VerifyKnobs
 from farm.versions import cuda_tag
 from farm.versions import python_tag as _pytag
 from farm.yamlio import write_atomic
+
+if TYPE_CHECKING:
+    from farm.recipes.cells import Cell
+    from farm.recipes.model import Recipe
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Expectation:
     platform_tag: str | None = None
     floor: str | None = None        # manylinux_2_28: the cell's floor in force (design.md §7.8); None: not judged
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "version": self.version, "local_label": self.local_label,
             "python_tag": self.python_tag, "platform": self.platform, "platform_tag": self.platform_tag,
@@ -54,7 +59,7 @@ class Expectation:
         }
 
     @classmethod
-    def for_cell(cls, cell, *, knobs: VerifyKnobs | None = None, requires_dist: Iterable[str] | None = None,
+    def for_cell(cls, cell: Cell, *, knobs: VerifyKnobs | None = None, requires_dist: Iterable[str] | None = None,
                  version: str | None = None, platform_tag: str | None = None,
                  floor: str | None = None) -> Expectation:
         """From a farm.recipes.cells.Cell (and its recipe's verify knobs and resolved requires_dist)."""
@@ -74,13 +79,13 @@ class CheckResult:
     name: str
     status: str            # pass | warn | fail | skip
     message: str
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "message": self.message, "details": self.details}
 
     @classmethod
-    def of(cls, name: str, problems: list[str], warnings: list[str], ok: str, details: dict | None = None,
+    def of(cls, name: str, problems: list[str], warnings: list[str], ok: str, details: dict[str, Any] | None = None,
            ) -> CheckResult:
         """fail with every problem (and warning), else warn with the warnings, else pass with `ok`."""
         if problems:
@@ -111,7 +116,7 @@ class Report:
     def check(self, name: str) -> CheckResult:
         return next(c for c in self.checks if c.name == name)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"wheel": self.wheel, "passed": self.passed, "failed": self.failed, "warned": self.warned,
                 "expectation": self.expectation.as_dict(), "checks": [c.as_dict() for c in self.checks]}
 
@@ -129,7 +134,7 @@ class Report:
         return out
 
 
-def resolve_requires_dist(recipe, cell, recipes: Mapping) -> tuple[str, ...] | None:
+def resolve_requires_dist(recipe: Recipe, cell: Cell, recipes: Mapping[str, Any]) -> tuple[str, ...] | None:
     """The recipe's requires_dist for this cell: {LOCAL}, {LOCAL:x} and pinned {VER:x} filled in.
 
     A {VER:x} whose recipe pins no version is known only after x is built: it becomes `*`

@@ -17,6 +17,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from farm.build.label import installed_path
 from farm.build.verify.expectation import CheckResult, Expectation
@@ -362,7 +363,7 @@ def _modules_to_import(w: Wheel, knobs: VerifyKnobs) -> tuple[list[str], list[st
     return modules, skipped, absent
 
 
-def _event_problems(events: list[dict], expect_device_error: bool | str) -> tuple[list[str], list[str]]:
+def _event_problems(events: list[dict[str, Any]], expect_device_error: bool | str) -> tuple[list[str], list[str]]:
     """(problems, forgiven device errors) from the child's import and op events."""
     problems, forgiven = [], []
     for e in events:
@@ -376,7 +377,7 @@ def _event_problems(events: list[dict], expect_device_error: bool | str) -> tupl
     return problems, forgiven
 
 
-def _killed(events: list[dict], returncode: int) -> str:
+def _killed(events: list[dict[str, Any]], returncode: int) -> str:
     """The problem line of a child that died (a signal, or an exit no import error explains)."""
     begun = [e["module"] for e in events if e["event"] == "begin"]
     last = begun[-1] if begun else "(before any import)"
