@@ -25,7 +25,14 @@ from wheel_builder import pack_ext_wheel
 from farm.archlist import ArchList
 from farm.build.ccache import cache_env, nvcc_namespace, read_stats_log, resolve_in_step
 from farm.build.compile import compile_environment, nvcc_in_own_pid_namespace
-from farm.build.hostpaths import host_folders, host_paths_in, portable, prefix_map_flags, python_include_dirs
+from farm.build.hostpaths import (
+    host_folders,
+    host_paths_in,
+    nvcc_prefix_map_flags,
+    portable,
+    prefix_map_flags,
+    python_include_dirs,
+)
 from farm.build.label import label_wheel, zip_time
 from farm.build.repair import repair_wheel
 from farm.build.source.base import ZIP_EPOCH
@@ -294,6 +301,33 @@ def test_the_namespace_follows_both_nvcc_environment_flags():
     one = nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA"})
     assert one != nvcc_namespace({"NVCC_APPEND_FLAGS": "-DB"}) != nvcc_namespace({"NVCC_PREPEND_FLAGS": "-DA"})
     assert one == nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA", "OTHER": "x"})
+    # a prefix map counts by its symbolic name, not by the host folder it maps
+    mapped = nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py311=farm-work"})
+    assert mapped == nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py312=farm-work"})
+    assert mapped != nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py311=farm-env"})
+
+
+def test_sibling_cells_share_cuda_objects_through_their_prefix_maps(toolkit, tmp_path):
+    """Two cells that differ only by Python compile the same .cu in work folders of their own, each mapped to
+    farm-work (design.md §11.3): the second is served the first's object, which names neither folder."""
+    if shutil.which("ccache") is None:
+        pytest.skip("needs ccache on PATH")
+    stats = []
+    for sibling in ("cell-py311", "cell-py312"):
+        work = tmp_path / sibling
+        work.mkdir()
+        (work / "k.cu").write_text(KERNEL.replace("VALUE", "7"))
+        folders = host_folders(work=work, toolkit_home=toolkit.home)
+        env = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}",
+               "NVCC_APPEND_FLAGS": " ".join(nvcc_prefix_map_flags(prefix_map_flags(folders))),
+               **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(work),
+                           stats_log=str(work / "stats.log"))}
+        assert resolve_in_step(env, toolkit.nvcc)["active"]
+        subprocess.run([*env["PYTORCH_NVCC"].split(), "-c", "k.cu", "-o", "k.o", "-gencode",
+                        "arch=compute_80,code=sm_80"], cwd=work, env=env, check=True)
+        assert host_strings((work / "k.o").read_bytes(), [str(work)]) == []
+        stats.append(read_stats_log(work / "stats.log"))
+    assert stats[0]["misses"] == 1 and stats[1]["hits"] == 1, stats
 
 
 def test_nvcc_in_a_pid_namespace_of_its_own_names_its_intermediate_file_the_same_every_time(toolkit, tmp_path):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -124,10 +125,17 @@ def nvcc_namespace(env: Mapping[str, str]) -> dict[str, str]:
     """{"CCACHE_NAMESPACE": ...} naming the nvcc flags `env` passes through the environment (ccache mixes
     the namespace into every hash), or {} when it passes none. C++ compiles share the namespace: they
     only split the same way, never hit wrongly."""
-    flags = [f"{k}={env[k]}" for k in NVCC_ENV_FLAGS if env.get(k)]
+    flags = [f"{k}={_without_map_sources(env[k])}" for k in NVCC_ENV_FLAGS if env.get(k)]
     if not flags:
         return {}
     return {"CCACHE_NAMESPACE": "nvcc-" + hashlib.sha256("\n".join(flags).encode()).hexdigest()[:16]}
+
+
+def _without_map_sources(flags: str) -> str:
+    """`flags` with each -ffile-prefix-map's host folder left out, its symbolic name kept: the map makes the
+    object the same whichever folder it names, so sibling cells (their work folders and torch environments
+    differ by Python) share their CUDA objects, as they did before the maps (design.md §11.3)."""
+    return re.sub(r"-ffile-prefix-map=[^=\s]*=", "-ffile-prefix-map=<host folder>=", flags)
 
 
 HIT_COUNTERS = ("direct_cache_hit", "preprocessed_cache_hit")

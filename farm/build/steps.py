@@ -158,7 +158,9 @@ class Steps:
             exported=exported, source_date_epoch=self.source_date_epoch(), host_folders=self.host_folders())
         env.update(self.spec.compiler_cache_env)
         self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
-        self.nvcc_pid_namespace = nvcc_in_own_pid_namespace(env, toolkit.nvcc)   # §6.5: same tmpxft names
+        # §6.5: the same tmpxft names every build; a Linux build's (unshare is Linux's, and a Windows
+        # compile must not get a PYTORCH_NVCC)
+        self.nvcc_pid_namespace = self.cell.platform != "windows" and nvcc_in_own_pid_namespace(env, toolkit.nvcc)
         return env
 
     def source_date_epoch(self) -> int | None:
