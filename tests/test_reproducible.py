@@ -301,10 +301,14 @@ def test_the_namespace_follows_both_nvcc_environment_flags():
     one = nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA"})
     assert one != nvcc_namespace({"NVCC_APPEND_FLAGS": "-DB"}) != nvcc_namespace({"NVCC_PREPEND_FLAGS": "-DA"})
     assert one == nvcc_namespace({"NVCC_APPEND_FLAGS": "-DA", "OTHER": "x"})
-    # a prefix map counts by its symbolic name, not by the host folder it maps
-    mapped = nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py311=farm-work"})
-    assert mapped == nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py312=farm-work"})
-    assert mapped != nvcc_namespace({"NVCC_APPEND_FLAGS": "-Xcompiler=-ffile-prefix-map=/w/cell-py311=farm-env"})
+    # prefix maps count as being there, not by the folders they map (those differ between sibling cells)
+    py311 = "-Xcompiler=-ffile-prefix-map=/w/cell-py311=farm-work -Xcompiler=-ffile-prefix-map=/usr/include/" \
+            "python3.11=farm-python/include/python3.11 --threads=1"
+    py312 = "-Xcompiler=-ffile-prefix-map=/root/.pyenv/versions/3.12.1/include/python3.12=farm-python/include/" \
+            "python3.12 -Xcompiler=-ffile-prefix-map=/w/cell-py312=farm-work --threads=1"
+    mapped = nvcc_namespace({"NVCC_APPEND_FLAGS": py311})
+    assert mapped == nvcc_namespace({"NVCC_APPEND_FLAGS": py312})
+    assert mapped != nvcc_namespace({"NVCC_APPEND_FLAGS": "--threads=1"})   # an object without maps names host folders
 
 
 def test_sibling_cells_share_cuda_objects_through_their_prefix_maps(toolkit, tmp_path):
@@ -317,7 +321,8 @@ def test_sibling_cells_share_cuda_objects_through_their_prefix_maps(toolkit, tmp
         work = tmp_path / sibling
         work.mkdir()
         (work / "k.cu").write_text(KERNEL.replace("VALUE", "7"))
-        folders = host_folders(work=work, toolkit_home=toolkit.home)
+        headers = tmp_path / f"prefix-{sibling}" / "include" / f"python3.{sibling[-2:]}"   # each its own Python
+        folders = host_folders(work=work, python_include=[headers], toolkit_home=toolkit.home)
         env = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}",
                "NVCC_APPEND_FLAGS": " ".join(nvcc_prefix_map_flags(prefix_map_flags(folders))),
                **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(work),

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -132,10 +131,15 @@ def nvcc_namespace(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _without_map_sources(flags: str) -> str:
-    """`flags` with each -ffile-prefix-map's host folder left out, its symbolic name kept: the map makes the
-    object the same whichever folder it names, so sibling cells (their work folders and torch environments
-    differ by Python) share their CUDA objects, as they did before the maps (design.md §11.3)."""
-    return re.sub(r"-ffile-prefix-map=[^=\s]*=", "-ffile-prefix-map=<host folder>=", flags)
+    """`flags` with the -ffile-prefix-map flags replaced by one word saying that there are some.
+
+    Which folder a map names, and to what, differs between sibling cells (their work folders, torch
+    environments and Python headers differ by Python), yet a map only rewrites paths the compile reads,
+    and ccache hashes those already: the siblings share their CUDA objects, as they did before the maps
+    (design.md §11.3). The word keeps apart objects compiled without maps, which name host folders."""
+    words = flags.split()
+    kept = [w for w in words if "-ffile-prefix-map=" not in w]
+    return " ".join(kept + ["<prefix maps>"] if len(kept) < len(words) else kept)
 
 
 HIT_COUNTERS = ("direct_cache_hit", "preprocessed_cache_hit")
