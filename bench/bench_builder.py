@@ -32,6 +32,13 @@ def compile_seconds(cell: str, compiler: str, out: Path) -> tuple[float, str]:
     """One forced container build of `cell` with `compiler`: its compile step's seconds and its wheel's tag."""
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "FARM_HOST_COMPILER": compiler, "FARM_WHEELHOUSE": str(out.parent / "empty-wheelhouse")}
+    if compiler == "image":
+        # The old builder's wheels reach only its own glibc's tag, which the gate's floor check (torch's
+        # manylinux_2_28) fails after the compile: raise the floor to it, so the baseline build finishes.
+        # What is measured is the compile step alone.
+        env["FARM_MANYLINUX_FLOOR"] = "manylinux_2_34"
+    else:
+        env.pop("FARM_MANYLINUX_FLOOR", None)
     cmd = [sys.executable, "-m", "farm", "build", cell, "--runner", "container", "--force", "--no-publish",
            "--no-compiler-cache", "--out", str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
