@@ -281,3 +281,31 @@ def test_a_download_never_evicts_the_files_it_returns_however_tight_the_budget(t
     assert [f.name for f in got.files] == ["six-1.16.0-py2.py3-none-any.whl"]
     assert all(f.is_file() for f in got.files)
     assert not older.exists()        # what no caller holds still goes, oldest first
+
+
+def test_a_download_waits_while_another_build_downloads_into_the_shared_folder(tmp_path):
+    # CI flake: the demo cell's test failed in its downloads step while a rebuild beside it downloaded
+    # the same CUDA wheels into the shared folder. pip takes a file it finds there for one already
+    # downloaded, so it read (or deleted as a bad hash) a wheel the other pip was still copying in.
+    import threading
+
+    from farm.cachebudget import flocked
+
+    said: list[str] = []
+    waiting = threading.Event()
+
+    def log(line: str) -> None:
+        said.append(line)
+        if "waiting" in line:
+            waiting.set()
+
+    got: list[D.DownloadSet] = []
+    with flocked(tmp_path / "downloads" / ".pip-writer.lock"):   # another build's pip is at work
+        second = threading.Thread(target=lambda: got.append(
+            D.download(["six==1.16.0"], python="3.12", platform="linux", no_deps=True, root=tmp_path, log=log)))
+        second.start()
+        assert waiting.wait(60), said
+        assert not any(" pip download " in line for line in said), said   # no pip of its own meanwhile
+    second.join(120)
+    assert not second.is_alive() and [f.name for f in got[0].files] == ["six-1.16.0-py2.py3-none-any.whl"]
+    assert any(" pip download " in line for line in said), said

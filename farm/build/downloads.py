@@ -22,7 +22,8 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from farm import progress
-from farm.cachebudget import downloads_in_use, enforce_budget, touch
+from farm.cachebudget import downloads_in_use, enforce_budget, flocked, touch, try_exclusive
 from farm.errors import DownloadFailed, FarmError
 from farm.platforms import marker_environment
 from farm.process import CompletedProcess, last_useful_lines, stream
@@ -162,67 +163,106 @@ def download(requirements: list[str] | tuple[str, ...], *, python: str, platform
                         platform, glibc, index)
     with downloads_in_use(root) as dl_dir:
         manifest = dl_dir / MANIFESTS / f"{key}.json"
-        hit = load_manifest(manifest, dl_dir)
-        # a manifest written before the target's markers were decided may lack what they add
-        if hit is not None and (no_deps or hit.markers_decided or not unmet_for_target(list(hit.files), python,
-                                                                                        platform)):
-            touch(hit.files)
-            log(f"downloads: cache hit for {' '.join(requirements)} ({len(hit.files)} files)")
+        if (hit := _cache_hit(manifest, dl_dir, requirements, python, platform, no_deps, log)) is not None:
             return hit
         t0 = time.monotonic()
-        pytag = python_tag(python)
-        cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", _progress_bar(),
-               "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-               "--abi", f"cp{pytag}", "--abi", "abi3", "--abi", "none", "-d", str(dl_dir), *index.args()]
-        for tag in platform_tags(platform, glibc):
-            cmd += ["--platform", tag]
-        if no_deps:
-            cmd.append("--no-deps")
-        cfile = None
-        if constraints:
-            cfile = dl_dir / MANIFESTS / f"{key}.constraints.txt"
-            write_atomic(cfile, "\n".join(constraints) + "\n")
-            cmd += ["-c", str(cfile)]
-        cmd += list(requirements)
-        built: list[str] = []   # pure-Python wheels built here from sdists (a project that publishes no wheel)
-        while True:
-            log("downloads: " + " ".join(cmd))
-            proc = stream(cmd, DownloadProgress(), env=isolated_pip_env())
-            missing = _no_distribution(proc.stderr + proc.stdout) if proc.returncode != 0 else None
-            if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
-                break
-            wheel = wheel_from_sdist(missing, dl_dir / FROM_SDIST, python, platform, log)
-            built.append(missing)
-            log(f"downloads: {missing} has no wheel; built {wheel.name} from its sdist")
-            if "--find-links" not in cmd:
-                cmd[cmd.index("-d"):cmd.index("-d")] = ["--find-links", str(dl_dir / FROM_SDIST)]
-        _raise_unless_done(proc, requirements, python, platform, index)
-        names = _saved(proc.stdout)
-        if not names:
-            raise DownloadFailed(f"pip download {' '.join(requirements)} reported no wheel files")
-        # pip evaluates the markers of dependencies for the interpreter it runs on, not for
-        # --python-version: a 3.10 target misses `tomli; python_version < "3.11"` when pip runs on
-        # 3.11. Download what the target's markers add until nothing is missing.
-        prefix = cmd[:len(cmd) - len(requirements)]
-        for _ in range(MAX_MARKER_ROUNDS):
-            unmet = unmet_for_target([dl_dir / n for n in names], python, platform)
-            if no_deps or not unmet:
-                break
-            log(f"downloads: {' '.join(unmet)}: required on Python {python} by markers pip decided for this interpreter")
-            proc = stream(prefix + unmet, DownloadProgress(), env=isolated_pip_env())
-            _raise_unless_done(proc, unmet, python, platform, index)
-            names = sorted(set(names) | set(_saved(proc.stdout)))
-        if cfile:
-            cfile.unlink(missing_ok=True)
-        write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
-                                           "python": python, "platform": platform, "glibc": glibc,
-                                           "index": index.url, "files": names, "built_from_sdist": built,
-                                           "markers_decided": True,
-                                           "seconds": round(time.monotonic() - t0, 1)}, indent=1))
-        result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
-        touch(result.files)
+        with _sole_writer(dl_dir, log):
+            # the build we waited for may have downloaded this very set
+            if (hit := _cache_hit(manifest, dl_dir, requirements, python, platform, no_deps, log)) is not None:
+                return hit
+            result = _download_into(dl_dir, manifest, key, requirements, python, platform, glibc, constraints,
+                                    index, no_deps, log)
     enforce_budget(root, log=log, keep=result.files)
-    log(f"downloads: {len(names)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
+    log(f"downloads: {len(result.files)} files for {' '.join(requirements)} in {time.monotonic() - t0:.1f}s")
+    return result
+
+
+def _cache_hit(manifest: Path, dl_dir: Path, requirements: Sequence[str], python: str, platform: str,
+               no_deps: bool, log: Callable[[str], None]) -> DownloadSet | None:
+    hit = load_manifest(manifest, dl_dir)
+    # a manifest written before the target's markers were decided may lack what they add
+    if hit is not None and (no_deps or hit.markers_decided or not unmet_for_target(list(hit.files), python,
+                                                                                    platform)):
+        touch(hit.files)
+        log(f"downloads: cache hit for {' '.join(requirements)} ({len(hit.files)} files)")
+        return hit
+    return None
+
+
+@contextmanager
+def _sole_writer(dl_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """One pip at a time writes into the shared downloads folder. pip takes a file it finds there for
+    one already downloaded, so a second pip would read, or delete as a bad hash, a wheel the first is
+    still copying in (seen as a failed download of the demo cell beside a rebuild sharing its CUDA wheels)."""
+    lock = dl_dir / ".pip-writer.lock"
+    fd = try_exclusive(lock)
+    if fd is None:
+        log("downloads: another build is downloading into the shared folder; waiting for it")
+        with flocked(lock):
+            yield
+        return
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _download_into(dl_dir: Path, manifest: Path, key: str, requirements: Sequence[str], python: str, platform: str,
+                   glibc: str, constraints: Sequence[str], index: Index, no_deps: bool,
+                   log: Callable[[str], None]) -> DownloadSet:
+    """Run pip download (and what the target's markers add) into `dl_dir`; write the set's manifest."""
+    t0 = time.monotonic()
+    pytag = python_tag(python)
+    cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", _progress_bar(),
+           "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
+           "--abi", f"cp{pytag}", "--abi", "abi3", "--abi", "none", "-d", str(dl_dir), *index.args()]
+    for tag in platform_tags(platform, glibc):
+        cmd += ["--platform", tag]
+    if no_deps:
+        cmd.append("--no-deps")
+    cfile = None
+    if constraints:
+        cfile = dl_dir / MANIFESTS / f"{key}.constraints.txt"
+        write_atomic(cfile, "\n".join(constraints) + "\n")
+        cmd += ["-c", str(cfile)]
+    cmd += list(requirements)
+    built: list[str] = []   # pure-Python wheels built here from sdists (a project that publishes no wheel)
+    while True:
+        log("downloads: " + " ".join(cmd))
+        proc = stream(cmd, DownloadProgress(), env=isolated_pip_env())
+        missing = _no_distribution(proc.stderr + proc.stdout) if proc.returncode != 0 else None
+        if missing is None or missing in built or len(built) >= MAX_SDIST_BUILDS:
+            break
+        wheel = wheel_from_sdist(missing, dl_dir / FROM_SDIST, python, platform, log)
+        built.append(missing)
+        log(f"downloads: {missing} has no wheel; built {wheel.name} from its sdist")
+        if "--find-links" not in cmd:
+            cmd[cmd.index("-d"):cmd.index("-d")] = ["--find-links", str(dl_dir / FROM_SDIST)]
+    _raise_unless_done(proc, requirements, python, platform, index)
+    names = _saved(proc.stdout)
+    if not names:
+        raise DownloadFailed(f"pip download {' '.join(requirements)} reported no wheel files")
+    # pip evaluates the markers of dependencies for the interpreter it runs on, not for
+    # --python-version: a 3.10 target misses `tomli; python_version < "3.11"` when pip runs on
+    # 3.11. Download what the target's markers add until nothing is missing.
+    prefix = cmd[:len(cmd) - len(requirements)]
+    for _ in range(MAX_MARKER_ROUNDS):
+        unmet = unmet_for_target([dl_dir / n for n in names], python, platform)
+        if no_deps or not unmet:
+            break
+        log(f"downloads: {' '.join(unmet)}: required on Python {python} by markers pip decided for this interpreter")
+        proc = stream(prefix + unmet, DownloadProgress(), env=isolated_pip_env())
+        _raise_unless_done(proc, unmet, python, platform, index)
+        names = sorted(set(names) | set(_saved(proc.stdout)))
+    if cfile:
+        cfile.unlink(missing_ok=True)
+    write_atomic(manifest, json.dumps({"requirements": list(requirements), "constraints": list(constraints),
+                                       "python": python, "platform": platform, "glibc": glibc,
+                                       "index": index.url, "files": names, "built_from_sdist": built,
+                                       "markers_decided": True,
+                                       "seconds": round(time.monotonic() - t0, 1)}, indent=1))
+    result = DownloadSet(tuple(requirements), tuple(dl_dir / n for n in names), manifest)
+    touch(result.files)
     return result
 
 
