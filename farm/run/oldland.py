@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from farm.build.downloads import download
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from farm.build.downloads import download, unmet_for_target
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
 from farm.cachebudget import downloads_in_use
 from farm.errors import BadInput, FarmError
@@ -119,8 +122,19 @@ def _pip_line(log: Path) -> str:
     return refusal or (errors[0] if errors else (lines[-1] if lines else "pip failed with no output"))
 
 
+def fetch_dependencies(wheel: Path, python: str, glibc: str, served: frozenset[str]) -> None:
+    """Download on the host, for the userland's Python and glibc, what the wheel requires besides torch
+    and the house's own projects (numpy, say): a user's pip takes those from PyPI, which the container
+    does not reach, so they must be in the downloads folder its pip finds links in."""
+    wanted = [r for r in unmet_for_target([wheel], python, "linux")
+              if canonicalize_name(Requirement(r).name) not in served | {"torch"}]
+    if wanted:
+        download(wanted, python=python, platform="linux", glibc=glibc)
+
+
 def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Path, index_url: str,
-                downloads: Path, pip_wheel: str, knobs: VerifyKnobs, logs: Path) -> OldlandResult:
+                downloads: Path, pip_wheel: str, knobs: VerifyKnobs, logs: Path,
+                served: frozenset[str] = frozenset()) -> OldlandResult:
     """Install and import one wheel in the old userland (see the module's doc); each step's output is
     kept in the folder `logs`."""
     python = _python_for(entry, image)
@@ -132,6 +146,7 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
     if knobs.skip_import:
         result.reason = f"waived: {knobs.skip_import if isinstance(knobs.skip_import, str) else 'verify.skip_import'}"
         return result
+    fetch_dependencies(wheel, python, image.glibc, served)
     with tempfile.TemporaryDirectory(prefix="farm-oldland-check-") as tmp:
         check = Path(tmp)
         w = Wheel(wheel, check)
@@ -220,6 +235,7 @@ def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, 
     `<out's name>-logs/<wheel>/` beside it."""
     root = house_folder(wheelhouse)
     live = read_journal(root).live()
+    served = frozenset(str(canonicalize_name(e.name)) for e in live)   # their requirements come from the house
     if files:
         known = {e.file for e in live}
         for f in files:
@@ -236,7 +252,7 @@ def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, 
             wheel = root / "files" / entry.project / entry.file
             try:
                 r = check_wheel(engine, image, entry, wheel, url, downloads, pip_wheel.name, _knobs(entry, recipes),
-                                out.parent / f"{out.stem}-logs" / entry.file)
+                                out.parent / f"{out.stem}-logs" / entry.file, served)
             except FarmError as exc:
                 r = OldlandResult(entry.file, entry.cell, ",".join(entry.pythons), entry.torch, "fail", str(exc))
             log(f"{r.result:4}  {r.file}" + (f": {r.reason}" if r.result != "pass" else "")
