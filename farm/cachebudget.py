@@ -46,11 +46,15 @@ def _open_lock(path: Path) -> int:
 
 
 @contextmanager
-def flocked(path: Path, shared: bool = False):
-    """Hold a blocking flock on `path` (created when missing)."""
+def flocked(path: Path, shared: bool = False, on_wait: Callable[[], None] | None = None):
+    """Hold a blocking flock on `path` (created when missing). When someone else holds it,
+    `on_wait` is called before waiting, so a caller can say why it stands still."""
     fd = _open_lock(path)
     try:
-        lock_fd(fd, shared=shared)
+        if not lock_fd(fd, shared=shared, blocking=False):
+            if on_wait is not None:
+                on_wait()
+            lock_fd(fd, shared=shared)
         yield
     finally:
         os.close(fd)

@@ -31,7 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from farm import progress
-from farm.cachebudget import downloads_in_use, enforce_budget, flocked, touch, try_exclusive
+from farm.cachebudget import downloads_in_use, enforce_budget, flocked, touch
 from farm.errors import DownloadFailed, FarmError
 from farm.platforms import marker_environment
 from farm.process import CompletedProcess, last_useful_lines, stream
@@ -194,17 +194,9 @@ def _sole_writer(dl_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
     """One pip at a time writes into the shared downloads folder. pip takes a file it finds there for
     one already downloaded, so a second pip would read, or delete as a bad hash, a wheel the first is
     still copying in (seen as a failed download of the demo cell beside a rebuild sharing its CUDA wheels)."""
-    lock = dl_dir / ".pip-writer.lock"
-    fd = try_exclusive(lock)
-    if fd is None:
-        log("downloads: another build is downloading into the shared folder; waiting for it")
-        with flocked(lock):
-            yield
-        return
-    try:
+    with flocked(dl_dir / ".pip-writer.lock",
+                 on_wait=lambda: log("downloads: another build is downloading into the shared folder; waiting for it")):
         yield
-    finally:
-        os.close(fd)
 
 
 def _download_into(dl_dir: Path, manifest: Path, key: str, requirements: Sequence[str], python: str, platform: str,
