@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -186,17 +187,18 @@ def test_one_wheel_from_a_given_index_url(tmp_path, extensions, userland):
     assert "/simple/oldland-ok/" in (tmp_path / "access.log").read_text()   # pip asked the given index
 
 
-def check_one_wheel(tmp_path: Path, name: str, version: str, requires: str, payload: str) -> tuple[dict, str]:
-    """Publish one cp311 wheel that requires `requires` and imports it, run check-oldland on it: its
-    result and the log of the step that installed what it requires (torch.log for torch, else pip.log)."""
+def check_one_wheel(tmp_path: Path, name: str, version: str, requires: str, payload: str,
+                    cache: Path | None = None) -> tuple[dict, str]:
+    """Publish one cp311 wheel that requires `requires` and imports it, run check-oldland on it (taking
+    downloads from `cache`, the shared cache unless given): its result and the log of the step that
+    installed what it requires (torch.log for torch, else pip.log)."""
     publish([make_wheel(tmp_path / "in", name, version, tags="cp311-cp311-manylinux_2_28_x86_64", payload=payload,
                         metadata_extra=f"Requires-Dist: {requires}\n")], tmp_path / "wh")
-    out = tmp_path / "one.json"
-    proc = run_farm("check-oldland", "--wheelhouse", tmp_path / "wh", "--out", out, check=False)
-    (result,) = json.loads(out.read_text())["results"]
-    assert result["result"] == "pass", (result, proc.stdout, proc.stderr)
+    lines: list[str] = []
+    (result,) = check_oldland(tmp_path / "wh", tmp_path / "one.json", log=lines.append, cache=cache)
+    assert result.result == "pass", (result, lines)
     step = "torch.log" if requires.startswith("torch") else "pip.log"
-    return result, (tmp_path / "one-logs" / result["file"] / step).read_text()
+    return asdict(result), (tmp_path / "one-logs" / result.file / step).read_text()
 
 
 def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downloads_folder(tmp_path, userland):
@@ -211,9 +213,11 @@ def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downl
 def test_a_wheels_own_dependencies_install_from_what_the_host_downloads_for_the_userland(tmp_path, userland):
     """farm_demo needs numpy, which the container cannot take from PyPI: the host downloads what a wheel
     requires (for the userland's Python and glibc) into the folder the container's pip finds links in."""
+    cache = tmp_path / "cache"   # a downloads folder of its own: the shared one may hold idna already
     _, pip_log = check_one_wheel(tmp_path, "oldland_needy", "0.1.0+cu130", "idna==3.4",
-                                 "import idna\nASCII = idna.encode('bücher.example')\n")
+                                 "import idna\nASCII = idna.encode('bücher.example')\n", cache=cache)
     assert re.search(r"Successfully installed .*idna-3\.4", pip_log), pip_log
+    assert list((cache / "downloads").glob("idna-3.4-*.whl")), "the host did not download idna into its folder"
 
 
 def test_a_wheel_needing_the_driver_imports_with_the_libcuda_stub_when_its_recipe_says_so(tmp_path, extensions,

@@ -122,31 +122,31 @@ def _pip_line(log: Path) -> str:
     return refusal or (errors[0] if errors else (lines[-1] if lines else "pip failed with no output"))
 
 
-def fetch_dependencies(wheel: Path, python: str, glibc: str, served: frozenset[str]) -> None:
+def fetch_dependencies(wheel: Path, python: str, glibc: str, served: frozenset[str], cache: Path) -> None:
     """Download on the host, for the userland's Python and glibc, what the wheel requires besides torch
     and the house's own projects (numpy, say): a user's pip takes those from PyPI, which the container
     does not reach, so they must be in the downloads folder its pip finds links in."""
     wanted = [r for r in unmet_for_target([wheel], python, "linux")
               if canonicalize_name(Requirement(r).name) not in served | {"torch"}]
     if wanted:
-        download(wanted, python=python, platform="linux", glibc=glibc)
+        download(wanted, python=python, platform="linux", glibc=glibc, root=cache)
 
 
 def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Path, index_url: str,
                 downloads: Path, pip_wheel: str, knobs: VerifyKnobs, logs: Path,
-                served: frozenset[str] = frozenset()) -> OldlandResult:
+                served: frozenset[str]) -> OldlandResult:
     """Install and import one wheel in the old userland (see the module's doc); each step's output is
     kept in the folder `logs`."""
     python = _python_for(entry, image)
     result = OldlandResult(entry.file, entry.cell, python or ",".join(entry.pythons), entry.torch, "skip")
     if python is None:
-        result.reason = (f"no CPython {' or '.join(entry.pythons)} in the {SUITE} userland (Debian carries "
-                         "no source of it: give one with --cpython-source)")
+        result.reason = (f"no CPython {' or '.join(entry.pythons)} in the {SUITE} userland (it builds "
+                         f"{', '.join(sorted(image.pythons))}: give a source tarball with --cpython-source)")
         return result
     if knobs.skip_import:
         result.reason = f"waived: {knobs.skip_import if isinstance(knobs.skip_import, str) else 'verify.skip_import'}"
         return result
-    fetch_dependencies(wheel, python, image.glibc, served)
+    fetch_dependencies(wheel, python, image.glibc, served, downloads.parent)   # the cache root holding it
     with tempfile.TemporaryDirectory(prefix="farm-oldland-check-") as tmp:
         check = Path(tmp)
         w = Wheel(wheel, check)
@@ -201,9 +201,9 @@ def _judge(code: int, timed_out: bool, check: Path, knobs: VerifyKnobs, cuda: st
     return "fail", problem or f"exit {code}: " + (_read(check / "container.log").strip().splitlines() or [""])[-1]
 
 
-def _current_pip() -> Path:
-    """A current pip wheel in the farm's downloads folder (fetched once by the host's pip)."""
-    found = download(["pip"], python="3.11", platform="linux", no_deps=True).file_for("pip")
+def _current_pip(cache: Path | None) -> Path:
+    """A current pip wheel in the downloads folder of `cache` (fetched once by the host's pip)."""
+    found = download(["pip"], python="3.11", platform="linux", no_deps=True, root=cache).file_for("pip")
     if found is None:
         raise FarmError("the downloads folder holds no pip wheel after downloading one")
     return found
@@ -229,10 +229,12 @@ def served_index(wheelhouse: Path, index_url: str | None) -> Iterator[str]:
 
 def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, files: list[str] | None = None,
                   extra_sources: Sequence[CPythonSource] = (), recipes: dict | None = None,
-                  engine: Engine | None = None, log: Callable[[str], None] = print) -> list[OldlandResult]:
+                  engine: Engine | None = None, log: Callable[[str], None] = print,
+                  cache: Path | None = None) -> list[OldlandResult]:
     """Check every live Linux x86_64 wheel of `wheelhouse` (or those named in `files`); the results
     are written to `out` as JSON, atomically, once all are known, each wheel's logs to the folder
-    `<out's name>-logs/<wheel>/` beside it."""
+    `<out's name>-logs/<wheel>/` beside it. Torch and the wheels' own requirements come from the
+    downloads folder of `cache` (cache_dir() unless given)."""
     root = house_folder(wheelhouse)
     live = read_journal(root).live()
     served = frozenset(str(canonicalize_name(e.name)) for e in live)   # their requirements come from the house
@@ -245,9 +247,9 @@ def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, 
     entries = _checked(live)
     engine = engine or Engine.detect()
     image = ensure_oldland(engine, list(extra_sources))
-    pip_wheel = _current_pip()
+    pip_wheel = _current_pip(cache)
     results = []
-    with served_index(root, index_url) as url, downloads_in_use() as downloads:
+    with served_index(root, index_url) as url, downloads_in_use(cache) as downloads:
         for entry in entries:
             wheel = root / "files" / entry.project / entry.file
             try:

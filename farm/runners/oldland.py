@@ -67,8 +67,9 @@ class CPythonSource:
         return f"{settings.DEBIAN_MIRROR.value().rstrip('/')}/pool/main/p/{package}/{name}"
 
 
-# The CPythons Debian's archive carries (bookworm's python3.11). Debian carries no python3.12 any more
-# (trixie went from 3.11 to 3.13): give its python.org tarball with `--cpython-source`.
+# The CPythons built from Debian's archive (bookworm's python3.11). Debian carries no python3.12 any more
+# (trixie went from 3.11 to 3.13; its python3.13 source is not wired here yet): give a python.org
+# tarball with `--cpython-source`.
 DEBIAN_SOURCES = {
     "3.11": CPythonSource("3.11.2", "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849",
                           orig="python3.11_3.11.2.orig.tar.gz", dsc="python3.11_3.11.2-6+deb12u6.dsc"),
