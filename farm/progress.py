@@ -132,6 +132,17 @@ def peak_child_mb() -> int | None:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
 
 
+def children_cpu_s() -> float | None:
+    """CPU seconds (user + system) of every process this one has waited for so far, with their own
+    waited-for children: a compile's nvcc, cicc, ptxas and gcc through ninja and pip. None on Windows."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 _started: dict[str, float] = {}   # step -> when its latest run in this process began (monotonic)
 
 

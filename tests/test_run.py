@@ -113,6 +113,8 @@ def test_first_run_publishes_the_good_cells_reports_the_broken_one_and_exits_non
         c = cells[cell]
         assert c["status"] == "built" and Path(c["wheel"]).name == published[cell]["file"]
         assert c["duration"] > 0 and c["peak_process_mb"] > 0 and c["max_jobs"] == 2
+        # the compile's CPU seconds, from its processes' rusage: nvcc and gcc ran, so more than nothing
+        assert 0 < c["compile_cpu_s"] < c["duration"] * (os.cpu_count() or 1), c
         assert c["compiler_cache"]["enabled"] and c["compiler_cache"]["active"]
     page = (house / "runs" / "latest.html").read_text()
     assert BROKEN in page and "deliberately broken" in page and 'class="failed"' in page

@@ -27,7 +27,7 @@ def _ran() -> StepState:
                           source_date_epoch=1_700_000_000)
     compiled = CompileStep(wheel="/out/raw/x.whl", flags=None, env={"MAX_JOBS": "2"},
                            compiler_cache={"active": True, "stats": {"hits": 3, "misses": 1, "files": 9}},
-                           nvcc_pid_namespace=False, peak_process_mb=512)
+                           nvcc_pid_namespace=False, peak_process_mb=512, cpu_s=61.5)
     repair = RepairStep(wheel="/out/repaired/x-manylinux_2_28_x86_64.whl", plat_tag="manylinux_2_28_x86_64",
                         repaired=True, plat="manylinux_2_28_x86_64", grafted=(), excluded_count=2, reason="",
                         dropped_rpaths={"x/_C.so": ["/work/lib"]}, nvidia_requires=())
@@ -158,12 +158,13 @@ def test_a_recipe_record_is_assembled_from_the_state_of_a_flags_run_and_a_failed
     cell, _ = cell_plan(CELL)
     flags = {"sass": ["sm_80", "sm_90"], "ptx": ["compute_90"], "equal": True, "compiling_invocations": 2}
     compiled = CompileStep(wheel=None, flags=flags, env={}, compiler_cache={"active": False}, nvcc_pid_namespace=False,
-                           peak_process_mb=300)
+                           peak_process_mb=300, cpu_s=118.4)
     StepState().ran("compile", compiled, 60.0).write(tmp_path)
     record = for_recipe("farm_demo", cell, tier="flags", tier_asked="flags", out=tmp_path, key="k" * 64,
                         runner="host", started=0.0)
     assert record.sass == ("sm_80", "sm_90") and record.ptx == ("compute_90",) and record.flags == flags
     assert record.peak_mb == 300 and record.cache_hits is None and record.recipe == "farm_demo"
+    assert record.compile_cpu_s == 118.4   # what the estimate's CPU-hours can be checked against
     StepState().failing("compile", "nvcc failed").write(tmp_path)
     (tmp_path / "compile.log").write_text(f"{tmp_path}/src/a.cu(3): error: no such thing\n")
     failed = for_recipe("farm_demo", cell, tier="failed", tier_asked="full", out=tmp_path, key="k" * 64,

@@ -78,7 +78,7 @@ class RecordFacts:
             "max_jobs": jobs, "max_jobs_recipe": recipe_jobs,
             "max_jobs_clamp": max_jobs_reason,
             "compiler_cache": {**cache_decision, **to_plain(compiled.compiler_cache)},
-            "peak_process_mb": compiled.peak_process_mb,
+            "peak_process_mb": compiled.peak_process_mb, "compile_cpu_s": compiled.cpu_s,
         })
 
     def flags(self, state: StepState, log_path: Path) -> BuildRecord:
@@ -126,7 +126,7 @@ def for_recipe(recipe_name: str, cell: Cell, *, tier: str, tier_asked: str, out:
         "patches": [{"file": f, "sha256": h} for f, h in source.get("patches") or []],
         "arch_list": cell.arch.arch_list.torch(), "wall_s": round(time.time() - started, 1),
         "steps": dict(state.timings), "peak_mb": state.compile.peak_process_mb if state.compile else None,
-        "runner": runner, "build_key": key, "farm_version": __version__,
+        "compile_cpu_s": state.compile.cpu_s if state.compile else None, "runner": runner, "build_key": key, "farm_version": __version__,
     }
     # what the wall time was bought with: an estimate turns it into CPU-hours (design.md §5.5)
     runner_info = build.runner_info if build is not None else {}

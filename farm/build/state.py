@@ -90,6 +90,7 @@ class CompileStep:
     compiler_cache: Mapping[str, Any]    # farm.build.ccache.resolve_in_step, plus the stats log's `stats`
     nvcc_pid_namespace: bool             # each nvcc call in a pid namespace of its own (design.md §6.5)
     peak_process_mb: int | None          # the largest single process it waited for (a cicc, usually)
+    cpu_s: float | None                  # CPU seconds its processes took (user + system); None on Windows
 
     @property
     def flags_targets(self) -> tuple[list[str], list[str]]:

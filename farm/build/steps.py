@@ -202,6 +202,7 @@ class Steps:
         calls = record_nvcc_calls(env, self.out / "nvcc-calls", str(self._toolkit_provisioned().nvcc)) \
             if stop_after is not None else None
         limit = self.spec.stall   # hung, not slow, is killed: no progress for the recipe's timeout (§6.4)
+        cpu_before = progress.children_cpu_s()
         with CompileWatch(self.out / "compile.log", env.get("CCACHE_STATSLOG"), calls) as watch:
             try:
                 wheel = compile_wheel(self._source_dir(), self._torch_env_built().python, env, raw,
@@ -232,7 +233,7 @@ class Steps:
         return CompileStep(wheel=str(wheel) if wheel else None, flags=flags,
                            env={k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
                            compiler_cache=cache, nvcc_pid_namespace=self.nvcc_pid_namespace,
-                           peak_process_mb=progress.peak_child_mb())
+                           peak_process_mb=progress.peak_child_mb(), cpu_s=_spent(cpu_before))
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
@@ -387,3 +388,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _spent(cpu_before: float | None) -> float | None:
+    """The CPU seconds the compile's processes took since `cpu_before` (progress.children_cpu_s)."""
+    now = progress.children_cpu_s()
+    return round(now - cpu_before, 1) if now is not None and cpu_before is not None else None

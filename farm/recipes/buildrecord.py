@@ -110,7 +110,7 @@ FIELDS: dict[str, Check] = {
     "ptx": _list_of(re.compile(r"compute_\d{2,3}[af]?"), "['compute_90']"),
     **{k: _number(1, whole=True) for k in ("cores", "max_jobs", "max_jobs_recipe", "nvcc_threads")},
     "build_number": _number(0, whole=True),
-    **{k: _number(0) for k in ("seconds", "wall_s", "peak_mb", "peak_process_mb", "wheel_bytes")},
+    **{k: _number(0) for k in ("seconds", "wall_s", "peak_mb", "peak_process_mb", "wheel_bytes", "compile_cpu_s")},
     "dev_only": _one_of(bool, what="true or false"),
     "floor": _floor,
     "tag": _matching(PLATFORM_TAG, "a wheel's platform tag like manylinux_2_34_x86_64", optional=True),
@@ -377,6 +377,11 @@ class BuildRecord(Mapping[str, Any]):
         """A build's own record: the largest single process its compile waited for, in MB."""
         value = self._number("peak_process_mb")
         return int(value) if value is not None else None
+
+    @property
+    def compile_cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the compile's processes took; None in records from before it was kept."""
+        return self._number("compile_cpu_s")
 
     @property
     def compiler_cache(self) -> Mapping[str, Any] | None:

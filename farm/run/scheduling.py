@@ -208,6 +208,7 @@ class Scheduler:
                 cell.build_key = record.build_key or cell.build_key
                 cell.peak_process_mb = record.peak_process_mb
                 cell.compiler_cache = _cache_summary(record.compiler_cache)
+                cell.compile_cpu_s = record.compile_cpu_s
             if cell.expected_fail:
                 cell.message = f"built although expected to fail ({cell.expected_fail}): drop its expected_fail?"
             self.events("finish", cell, self)

@@ -59,6 +59,7 @@ class CellRun:
     peak_process_mb: int | None = None    # the largest single process of the build (one compile job)
     peak_tree_mb: int | None = None       # sampled sum over the child's process tree (host runner)
     compiler_cache: dict | None = None
+    compile_cpu_s: float | None = None    # CPU seconds of the compile's processes (the build record's)
     siblings: str = ""                    # cells of one recipe, CUDA, torch and platform: they share objects
 
     def public(self) -> dict:
