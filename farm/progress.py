@@ -143,6 +143,12 @@ def children_cpu_s() -> float | None:
     return usage.ru_utime + usage.ru_stime
 
 
+def cpu_spent_since(before: float | None) -> float | None:
+    """The CPU seconds waited-for processes took since children_cpu_s() said `before`."""
+    now = children_cpu_s()
+    return round(now - before, 1) if now is not None and before is not None else None
+
+
 _started: dict[str, float] = {}   # step -> when its latest run in this process began (monotonic)
 
 

@@ -489,3 +489,15 @@ def test_a_failing_compile_shows_the_compilers_first_error_in_the_summary(tmp_pa
     assert re.search(r"steps: +source \S+, downloads \S+, env \S+, toolkit \S+, compile \S+ \(failed\)", summary)
     assert "arch list:    8.0" in summary and str(out / "compile.log") in summary
     assert not list(out.rglob("*.whl"))
+
+
+def test_the_cpu_a_waited_for_child_spent_is_counted_and_a_sleeping_one_costs_nothing():
+    """compile_cpu_s is the rusage of what the compile waited for: a busy child counts, a sleep does not."""
+    before = progress.children_cpu_s()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    busy = progress.cpu_spent_since(before)
+    assert busy is not None and busy >= 0.1, busy
+    before = progress.children_cpu_s()
+    subprocess.run(["sleep", "0.5"], check=True)
+    idle = progress.cpu_spent_since(before)
+    assert idle is not None and idle < 0.1, idle

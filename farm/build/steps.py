@@ -233,7 +233,7 @@ class Steps:
         return CompileStep(wheel=str(wheel) if wheel else None, flags=flags,
                            env={k: env[k] for k in sorted(env) if not k.startswith("PIP_")},
                            compiler_cache=cache, nvcc_pid_namespace=self.nvcc_pid_namespace,
-                           peak_process_mb=progress.peak_child_mb(), cpu_s=_spent(cpu_before))
+                           peak_process_mb=progress.peak_child_mb(), cpu_s=progress.cpu_spent_since(cpu_before))
 
     def failure_lines(self, phase: str) -> tuple[str, ...]:
         """What the summary shows under a failed step's error: the cause as its own tool printed it."""
@@ -388,9 +388,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _spent(cpu_before: float | None) -> float | None:
-    """The CPU seconds the compile's processes took since `cpu_before` (progress.children_cpu_s)."""
-    now = progress.children_cpu_s()
-    return round(now - cpu_before, 1) if now is not None and cpu_before is not None else None
