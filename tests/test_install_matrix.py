@@ -118,6 +118,25 @@ def test_the_first_line_of_a_real_pip_and_uv_failure_names_the_missing_wheel(tmp
                            "farm-probe-pkg==0.4.0+cu128torch2.8"), uv.stderr
 
 
+# What pip 23.0.1 printed here against a JSON page naming `dist-info-metadata` (the check-install entry
+# was "ERROR: Exception:" alone, which says nothing).
+PIP_CRASH = """ERROR: Exception:
+Traceback (most recent call last):
+  File "/tmp/v310/lib/python3.10/site-packages/pip/_internal/cli/base_command.py", line 160, in exc_logging_wrapper
+    status = run_func(*args)
+  File "/tmp/v310/lib/python3.10/site-packages/pip/_internal/models/link.py", line 408, in metadata_link
+    link_hash = LinkHash.split_hash_name_and_value(self.dist_info_metadata)
+TypeError: unhashable type: 'dict'
+"""
+
+
+def test_a_crashed_pips_entry_names_the_exception_its_traceback_ends_with():
+    from farm.run.installcheck import first_line
+
+    assert first_line(PIP_CRASH) == "ERROR: Exception: TypeError: unhashable type: 'dict'"
+    assert first_line("ERROR: Exception:\nTraceback (most recent call last):\n") == "ERROR: Exception:"
+
+
 def test_serve_says_so_when_nothing_is_published_yet(tmp_path):
     house = tmp_path / "wh"
     publish([make_wheel(tmp_path / "in", "farm_probe_pkg", "0.3.0+cu128torch2.8")], house)

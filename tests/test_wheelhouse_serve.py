@@ -170,6 +170,29 @@ def test_pip_reads_the_html_pages_metadata_attributes_too(tmp_path):
     assert WHEEL_GET.findall(seen) == [] and len(METADATA_GET.findall(seen)) == 1, seen
 
 
+def test_a_pip_from_before_pep_714_installs_from_a_channel(farm_index, tmp_path):
+    """pip 23.0.1 (what pyenv's and python.org's Python 3.10 bundle) asks for the JSON page and crashes on a
+    `dist-info-metadata` key there (TypeError: unhashable type: 'dict'); the farm's users are on such pips."""
+    from farm.build.downloads import download
+
+    url, _, _ = farm_index
+    old_pip = download(["pip==23.0.1"], python="3.11", platform="linux", no_deps=True,
+                       root=tmp_path / "cache").file_for("pip")
+    assert old_pip is not None
+    venv = tmp_path / "venv"
+    subprocess.run([PY, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, str(old_pip / "pip"), "install", "--isolated", "--no-index", "--quiet", str(old_pip)],
+                   check=True, env=clean_env())
+    proc = subprocess.run([python, "-m", "pip", "install", "--isolated", "--no-cache-dir",
+                           "--disable-pip-version-check", "--index-url", f"{url}/cu128/torch2.8/", DRTK],
+                          capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Successfully installed drtk-0.1.0+cu128torch2.8" in proc.stdout
+    version = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, text=True, check=True).stdout
+    assert version.startswith("pip 23.0.1 "), version
+
+
 def farm_find_command(url: str, pypi: str) -> list[str]:
     """The install command `farm find` prints, pointed at the loopback farm and the fake PyPI."""
     from types import SimpleNamespace

@@ -148,15 +148,21 @@ def _env(tools: Tools) -> dict[str, str]:
 
 _ERROR = re.compile(r"(ERROR:|error:|×)")
 _REASON = re.compile(r"^(cause:|╰─▶)\s*")
+_PIP_CRASH = "ERROR: Exception:"   # pip's own bug: a traceback follows, its last line says what broke
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*")
 
 
 def first_line(output: str) -> str:
     """The failure's first line: pip's `ERROR: ...`, uv's `error: ...` or `× ...` with the reason uv
-    gives below it (`cause:` or `╰─▶`, wrapped over lines) joined on, else the last useful line."""
+    gives below it (`cause:` or `╰─▶`, wrapped over lines) joined on, else the last useful line. A pip
+    that crashed says `ERROR: Exception:` and a traceback: the exception it ends with is joined on."""
     lines = [ln.strip() for ln in output.splitlines()]
     for i, line in enumerate(lines):
         if not _ERROR.match(line):
             continue
+        if line == _PIP_CRASH:
+            raised = [ln for ln in lines[i + 1:] if _RAISED.match(ln)]
+            return f"{line} {raised[-1]}"[:400] if raised else line
         if i + 1 < len(lines) and _REASON.match(lines[i + 1]):
             reason = []
             for more in lines[i + 1:]:

@@ -41,9 +41,8 @@ from farm.yamlio import write_atomic
 CHECK_TIMEOUT = 1800   # one wheel: a venv, torch and its CUDA wheels unpacked, the import
 _CELL_RECIPE = re.compile(r"(.+?)-cu\d+")
 
-# Runs in the container. The venv's pip is first brought to a current release, as users are told to:
-# the pip CPython 3.11.2 bundles (22.3.1) crashes on a PEP 691 page whose `dist-info-metadata` is a
-# dict of hashes, as the spec and this farm's index write it. Exit codes tell the steps apart: 10 venv,
+# Runs in the container. The venv's pip is first brought to a current release, as users are told to
+# (design.md §9.9). Exit codes tell the steps apart: 10 venv,
 # 11 torch, 14 torch of another CUDA than the cell's, 12 the wheel (the forced import then runs),
 # 13 the import. Each step's output is kept in /check for the report.
 _SCRIPT = r"""set -u

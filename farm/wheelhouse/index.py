@@ -321,8 +321,11 @@ class Site:
                 attrs += f' data-yanked="{escape(y[e.file])}"'
             dumps = json.dumps
             meta = dumps({"sha256": e.metadata_sha256})
+            # JSON names the sidecar `core-metadata` only (PEP 714): pip 22.3 to 23.1 crash on a JSON
+            # `dist-info-metadata` whatever its value, and a user's venv of Python 3.10 or 3.11 often
+            # bundles such a pip. HTML keeps both names: those pips read its attribute as text.
             record = (f',"hashes":{dumps({"sha256": e.sha256})},"requires-python":{dumps(e.requires_python)},'
-                      f'"core-metadata":{meta},"dist-info-metadata":{meta},"yanked":{dumps(y.get(e.file, False))},'
+                      f'"core-metadata":{meta},"yanked":{dumps(y.get(e.file, False))},'
                       f'"size":{int(e.size)},"upload-time":{dumps(e.published or None)}}}')
             parts = self._parts[e.file] = (attrs, f">{escape(e.file)}</a><br>", f'{{"filename":{dumps(e.file)}', record)
         attrs, text, filename, record = parts
