@@ -261,3 +261,37 @@ def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
                           stop_after=3)
     assert wheel is None and "# stopped after" in (tmp_path / "c.log").read_text()
     assert processes_mentioning(marker) == [], "a grandchild of the stopped compile is still running"
+
+
+def test_headers_from_two_pythons_envs_share_one_ccache_object_through_the_linked_include_folder(tmp_path):
+    """Two envs of one torch hold the same nvidia headers under paths naming their Python; compiled from the
+    same source through the cell's linked include folder (one mount point for every cell in a container),
+    the second compile is a ccache hit. Through the envs' own paths it is a miss: the preprocessor writes
+    the header's path into the output ccache hashes."""
+    from farm.build.compile import linked_includes
+
+    envs = []
+    for python in ("3.11", "3.12"):
+        include = tmp_path / f"env-py{python}" / f"lib/python{python}/site-packages/nvidia/cu13/include"
+        (include / "nvtx3").mkdir(parents=True)
+        (include / "nvtx3" / "nvToolsExt.h").write_text("static inline int nvtx_version(void) { return 3; }\n")
+        envs.append(str(include))
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "kernel.c").write_text('#include <nvtx3/nvToolsExt.h>\nint f(void) { return nvtx_version(); }\n')
+
+    def compile_with(cpath: str, cache: Path) -> bool:
+        """True: a ccache hit (direct or preprocessed)."""
+        env = {**os.environ, "CPATH": cpath, "CCACHE_DIR": str(cache), "CCACHE_BASEDIR": str(work),
+               "CCACHE_NOHASHDIR": "1", "CCACHE_STATSLOG": str(cache / "stats.log")}
+        (cache / "stats.log").unlink(missing_ok=True)
+        subprocess.run(["ccache", "gcc", "-c", "src/kernel.c", "-o", "kernel.o"], cwd=work, env=env, check=True)
+        outcomes = (cache / "stats.log").read_text().splitlines()[1:]
+        return "cache_miss" not in outcomes and any(o.endswith("cache_hit") for o in outcomes)
+
+    linked = [compile_with(os.pathsep.join(linked_includes([e], work / "nvidia-include")), tmp_path / "linked")
+              for e in envs]
+    assert linked == [False, True]
+    assert os.readlink(work / "nvidia-include" / "00-cu13") == envs[1]   # the link now names the second env
+    direct = [compile_with(e, tmp_path / "direct") for e in envs]
+    assert direct == [False, False]

@@ -157,6 +157,11 @@ class Steps:
             max_jobs=r.max_jobs, nvcc_threads=r.nvcc_threads, nvcc_flags=r.nvcc_flags, recipe_env=r.env,
             exported=exported, source_date_epoch=self.source_date_epoch(), host_folders=self.host_folders())
         env.update(self.spec.compiler_cache_env)
+        if self.cell.platform != "windows" and env.get("CPATH"):
+            from farm.build.compile import linked_includes
+
+            env["CPATH"] = os.pathsep.join(linked_includes(env["CPATH"].split(os.pathsep),
+                                                           self.work / "nvidia-include"))
         self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
         # §6.5: the same tmpxft names every build; a Linux build's (unshare is Linux's, and a Windows
         # compile must not get a PYTORCH_NVCC)
