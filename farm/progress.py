@@ -122,25 +122,28 @@ def using(sink: Sink | None) -> Iterator[None]:
             _sink = before
 
 
-def peak_child_mb() -> int | None:
-    """The largest single process this one has waited for so far (a cicc, usually): what one job peaks
-    at, in MB. None on Windows, which has no getrusage."""
+def _children_usage():
+    """getrusage of every process this one has waited for so far (with their own waited-for
+    children), or None on Windows, which has no getrusage."""
     try:
         import resource
     except ImportError:
         return None
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+    return resource.getrusage(resource.RUSAGE_CHILDREN)
+
+
+def peak_child_mb() -> int | None:
+    """The largest single process this one has waited for so far (a cicc, usually): what one job peaks
+    at, in MB. None on Windows."""
+    usage = _children_usage()
+    return usage.ru_maxrss // 1024 if usage else None
 
 
 def children_cpu_s() -> float | None:
-    """CPU seconds (user + system) of every process this one has waited for so far, with their own
-    waited-for children: a compile's nvcc, cicc, ptxas and gcc through ninja and pip. None on Windows."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    """CPU seconds (user + system) of every process this one has waited for so far: a compile's nvcc,
+    cicc, ptxas and gcc through ninja and pip. None on Windows."""
+    usage = _children_usage()
+    return usage.ru_utime + usage.ru_stime if usage else None
 
 
 def cpu_spent_since(before: float | None) -> float | None:
