@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import pytest
 from wheelhouse_fixtures import make_wheel, run_farm, served
 
+from farm.build.downloads import find_manifest
 from farm.errors import BadInput
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.run.oldland import _knobs, check_oldland
@@ -203,11 +204,15 @@ def check_one_wheel(tmp_path: Path, name: str, version: str, requires: str, payl
 
 def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downloads_folder(tmp_path, userland):
     """torch 2.13 (manylinux_2_28) and its CUDA wheels install offline in bullseye and import (no GPU);
-    the wheel's module imports torch itself. A few minutes: torch's wheels are unpacked in the container."""
+    the wheel's module imports torch itself. A few minutes: torch's wheels are unpacked in the container.
+    The check downloads that torch itself (for the userland's Python and glibc): it does not rely on an
+    earlier build having left one in the shared folder."""
     result, torch_log = check_one_wheel(tmp_path, "oldland_torchy", "0.1.0+cu130torch2.13", "torch==2.13.*",
                                         "import torch\nDEVICES = torch.cuda.device_count()\n")
     assert result["torch"] == "2.13"
     assert re.search(r"Successfully installed .*torch-2\.13\.\d", torch_log)
+    # the host's own download for the userland, not a build environment's (glibc 2.28) left-over
+    assert find_manifest(["torch==2.13.*"], python="3.11", platform="linux", glibc=userland.glibc) is not None
 
 
 def test_a_wheels_own_dependencies_install_from_what_the_host_downloads_for_the_userland(tmp_path, userland):

@@ -27,6 +27,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from farm.build.downloads import download, unmet_for_target
+from farm.build.environments import torch_index
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
 from farm.cachebudget import downloads_in_use
 from farm.errors import BadInput, FarmError
@@ -121,10 +122,15 @@ def _pip_line(log: Path) -> str:
     return refusal or (errors[0] if errors else (lines[-1] if lines else "pip failed with no output"))
 
 
-def fetch_dependencies(wheel: Path, python: str, glibc: str, served: frozenset[str], cache: Path) -> None:
-    """Download on the host, for the userland's Python and glibc, what the wheel requires besides torch
-    and the house's own projects (numpy, say): a user's pip takes those from PyPI, which the container
-    does not reach, so they must be in the downloads folder its pip finds links in."""
+def fetch_requirements(wheel: Path, entry: ManifestEntry, python: str, glibc: str, served: frozenset[str],
+                       cache: Path | None) -> None:
+    """Download on the host, for the userland's Python and glibc, the cell's torch (from where the farm
+    takes it for that CUDA) and what the wheel requires besides torch and the house's own projects
+    (numpy, say): a user's pip takes those from PyPI, which the container does not reach, so they must
+    be in the downloads folder its pip finds links in. An earlier build's torch may have been evicted."""
+    if entry.torch:
+        download([f"torch=={entry.torch}.*"], python=python, platform="linux", glibc=glibc,
+                 index=torch_index(entry.torch, entry.cuda), root=cache)
     wanted = [r for r in unmet_for_target([wheel], python, "linux")
               if canonicalize_name(Requirement(r).name) not in served | {"torch"}]
     if wanted:
@@ -133,7 +139,7 @@ def fetch_dependencies(wheel: Path, python: str, glibc: str, served: frozenset[s
 
 def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Path, index_url: str,
                 downloads: Path, pip_wheel: str, knobs: VerifyKnobs, logs: Path,
-                served: frozenset[str]) -> OldlandResult:
+                served: frozenset[str], cache: Path | None) -> OldlandResult:
     """Install and import one wheel in the old userland (see the module's doc); each step's output is
     kept in the folder `logs`."""
     python = _python_for(entry, image)
@@ -145,7 +151,7 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
     if knobs.skip_import:
         result.reason = f"waived: {knobs.skip_import if isinstance(knobs.skip_import, str) else 'verify.skip_import'}"
         return result
-    fetch_dependencies(wheel, python, image.glibc, served, downloads.parent)   # the cache root holding it
+    fetch_requirements(wheel, entry, python, image.glibc, served, cache)
     with tempfile.TemporaryDirectory(prefix="farm-oldland-check-") as tmp:
         check = Path(tmp)
         w = Wheel(wheel, check)
@@ -253,7 +259,7 @@ def check_oldland(wheelhouse: Path, out: Path, *, index_url: str | None = None, 
             wheel = root / "files" / entry.project / entry.file
             try:
                 r = check_wheel(engine, image, entry, wheel, url, downloads, pip_wheel.name, _knobs(entry, recipes),
-                                out.parent / f"{out.stem}-logs" / entry.file, served)
+                                out.parent / f"{out.stem}-logs" / entry.file, served, cache)
             except FarmError as exc:
                 r = OldlandResult(entry.file, entry.cell, ",".join(entry.pythons), entry.torch, "fail", str(exc))
             log(f"{r.result:4}  {r.file}" + (f": {r.reason}" if r.result != "pass" else "")
