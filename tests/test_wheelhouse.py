@@ -16,7 +16,7 @@ import pytest
 from wheelhouse_fixtures import REPO, comfy_env_matches, make_wheel, run_farm
 
 from farm.errors import BadInput, PublishConflict, ShrinkRefused
-from farm.wheelhouse import built_keys, check_links, prune, publish, read_journal, rebuild, verify
+from farm.wheelhouse import built_keys, index, check_links, prune, publish, read_journal, rebuild, verify
 
 LINK = re.compile(r'<a ([^>]*)>([^<]*)</a>')
 ATTR = re.compile(r'([\w-]+)="([^"]*)"')
@@ -75,6 +75,26 @@ def test_channel_link_carries_sha256_escaped_requires_python_and_both_metadata_a
     assert "dist-info-metadata" not in f   # the JSON key pip 22.3 to 23.1 crash on (PEP 714)
     assert f["hashes"] == {"sha256": sha(w)} and f["requires-python"] == ">=3.9,<3.14" and f["yanked"] is False
     assert doc["meta"]["api-version"] == "1.1" and doc["versions"] == ["0.1.0+cu128torch2.8"]
+
+
+def test_pages_rendered_in_an_older_format_are_all_rendered_again_by_the_next_publish(house, wheels):
+    """A house whose pages an older farm wrote (here: a JSON page still naming `dist-info-metadata`, which
+    pip 22.3 to 23.1 crash on) gets every page rendered again by the next publish, even of projects
+    it does not touch; with the current format stamp the same publish leaves those pages alone."""
+    publish([make_wheel(wheels, "drtk", "0.1.0+cu128torch2.8")], house)
+    page = house / "cu128/torch2.8/drtk/index.json"
+    current = page.read_bytes()
+    old_style = current.replace(b'"core-metadata"', b'"dist-info-metadata"')
+    assert old_style != current
+
+    page.write_bytes(old_style)   # the stamp says current: an untouched project's page is not rendered
+    publish([make_wheel(wheels, "other", "0.1.0+cu128torch2.8")], house)
+    assert page.read_bytes() == old_style
+
+    (house / index.FORMAT_STAMP).write_text(f"{index.PAGE_FORMAT - 1}\n")
+    publish([make_wheel(wheels, "third", "0.1.0+cu128torch2.8")], house)
+    assert page.read_bytes() == current
+    assert (house / index.FORMAT_STAMP).read_text().strip() == str(index.PAGE_FORMAT)
 
 
 def test_torch_free_wheel_is_listed_in_every_torch_channel_of_its_cuda_line_and_no_other(house, wheels):

@@ -44,6 +44,12 @@ CONFIG = "config.json"
 FILES = "files"
 PUT_BACK = "put the real folder in its place"   # what no command guesses for a files/ it cannot see (design.md §9.5)
 API_VERSION = "1.1"
+# The format of the pages render() writes. Raise it whenever the pages of an unchanged journal would
+# come out with other bytes (a renamed JSON key, say): the next publish then renders every page, not
+# only those whose listing changed (design.md §9.3). The house keeps the format its pages were last
+# rendered in, in FORMAT_STAMP; a house from before the stamp counts as stale.
+PAGE_FORMAT = 2
+FORMAT_STAMP = ".pages-format"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # Platforms a platform-independent wheel is repeated under in the comfy-env view.
 ANY_PLATFORMS = ("linux_x86_64", "linux_aarch64", "win_amd64")
@@ -486,6 +492,19 @@ def update(root: Path, before: Site | None, after: Site, projects: Iterable[str]
     return sorted(k for k in changed if any(f in written for f in _page_files(k, after.kind[k])))
 
 
+def pages_current(root: Path) -> bool:
+    """Whether the house's pages were last rendered in this PAGE_FORMAT."""
+    try:
+        return (root / FORMAT_STAMP).read_text().strip() == str(PAGE_FORMAT)
+    except FileNotFoundError:
+        return False
+
+
+def stamp_pages_format(root: Path) -> None:
+    """Say that every page of the house is now rendered in this PAGE_FORMAT (after they are written)."""
+    write_files(root, [(FORMAT_STAMP, f"{PAGE_FORMAT}\n".encode())])
+
+
 def unpaged(root: Path, summaries: dict[str, Summary], lines: dict[str, list[str]]) -> list[str]:
     """Projects of the journal missing one of their own pages (a publisher died between its journal append
     and its pages). One stat per (project, root): cheap next to rendering, so every publish can afford it."""
@@ -573,6 +592,7 @@ def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[st
         if f"{PACKAGES_DIR}/{path.name}" not in dict(extra):
             path.unlink()
     fsync_dir(root)
+    stamp_pages_format(root)
     idx.save(force=True)
     idx.close()
     return site, missing

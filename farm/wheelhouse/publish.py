@@ -36,7 +36,9 @@ from farm.errors import BadInput, PublishConflict
 from farm.recipes.buildrecord import BuildRecord
 from farm.settings import display
 from farm.versions import minor_of
-from farm.wheelhouse.index import FILES, PUT_BACK, Config, House, Site, channel_lines, unpaged, update
+from farm.wheelhouse.index import (
+    FILES, PUT_BACK, Config, House, Site, channel_lines, pages_current, stamp_pages_format, unpaged, update,
+)
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
 from farm.wheelhouse.manifest import (
@@ -372,8 +374,19 @@ class _Before:
 
 
 def _update_pages(root: Path, idx: JournalIndex, config: Config, projects: set[str], before: _Before) -> list[str]:
-    """Regenerate the pages whose listing changed between `before` and the journal now; their keys."""
+    """Regenerate the pages whose listing changed between `before` and the journal now; their keys.
+    Pages last rendered in an older format are all rendered again, once."""
     lines_after = channel_lines(idx.summaries.values(), config)
+
+    def fragment_of(project: str) -> bytes:
+        return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
+
+    if not pages_current(root):
+        everything = Site(House.derive([e for q in idx.projects() for e in idx.entries(q)], config, lines_after),
+                          idx.summaries)
+        written = update(root, None, everything, projects=idx.projects(), fragment_of=fragment_of)
+        stamp_pages_format(root)
+        return written
     # A publisher killed between its journal append and its pages left projects the journal lists
     # but whose pages are missing: a root page this publish rewrites would link them. They arrive
     # now, in full, with the channels they open.
@@ -391,8 +404,4 @@ def _update_pages(root: Path, idx: JournalIndex, config: Config, projects: set[s
                                     config, before.lines), before.summaries)
     site_after = Site(House.derive([e for q in sorted(affected) for e in idx.entries(q)], config, lines_after),
                       idx.summaries)
-
-    def fragment_of(project: str) -> bytes:
-        return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
-
     return update(root, site_before, site_after, projects=idx.projects(), fragment_of=fragment_of)
