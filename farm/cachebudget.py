@@ -1,7 +1,8 @@
 """Heavy cache entries: built once under a lock, used under a shared lock, evicted LRU.
 
-An entry is a directory under cache_dir()/<kind>/ (toolkits, envs, overlays) or
-a file under cache_dir()/downloads/. A directory entry is complete only when its
+An entry is a directory under cache_dir()/<kind>/ (toolkits, envs, overlays), a
+file under cache_dir()/downloads/, or check-install's uv cache, cache_dir()/uv,
+one entry evicted whole (uv_cache_in_use). A directory entry is complete only when its
 marker (`.farm-complete.json`) exists; the marker is written last, so a crash
 mid-build leaves a directory that is simply rebuilt. Users hold a shared flock
 on the entry's lock file (`.<name>.lock` next to it) for as long as they use
@@ -33,6 +34,7 @@ from farm.yamlio import write_atomic
 MARKER = ".farm-complete.json"
 DIR_KINDS = ("toolkits", "envs", "overlays")
 DOWNLOADS = "downloads"
+UV = "uv"   # check-install's uv cache: torch and its CUDA wheels unpacked, ~8 GB per torch minor
 DEFAULT_BUDGET_GB = 80.0
 
 
@@ -184,6 +186,23 @@ def downloads_in_use(root: Path | None = None):
         yield d
 
 
+@contextmanager
+def uv_cache_in_use(root: Path | None = None, log=None):
+    """check-install's uv cache, under a shared lock while the check uses it (eviction takes the whole
+    folder, and only when no check holds it). Afterwards its size is noted for the budget, which is
+    then enforced: uv's cache grew to 23 GB over three torch minors, unseen by the budget."""
+    root = root or cache_dir()
+    folder = root / UV
+    folder.mkdir(parents=True, exist_ok=True)
+    with flocked(lock_file(folder), shared=True):
+        os.utime(lock_file(folder))
+        try:
+            yield folder
+        finally:
+            write_atomic(folder / MARKER, json.dumps({"kind": UV, "size_bytes": tree_size(folder)}))
+            enforce_budget(root, log=log)
+
+
 def touch(paths: Iterable[Path]) -> None:
     now = time.time()
     for p in paths:
@@ -215,19 +234,17 @@ def budget_bytes() -> int | None:
 
 def usage(root: Path | None = None) -> list[Usage]:
     root = root or cache_dir()
+    folders = [(kind, entry) for kind in DIR_KINDS if (root / kind).is_dir()
+               for entry in (root / kind).iterdir() if not entry.name.startswith(".") and entry.is_dir()]
+    if (root / UV).is_dir():
+        folders.append((UV, root / UV))
     out: list[Usage] = []
-    for kind in DIR_KINDS:
-        folder = root / kind
-        if not folder.is_dir():
-            continue
-        for entry in folder.iterdir():
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
-            info = read_marker(entry)
-            size = info["size_bytes"] if info else tree_size(entry)
-            lock = lock_file(entry)
-            when = lock.stat().st_mtime if lock.exists() else entry.stat().st_mtime
-            out.append(Usage(entry, kind, size, when))
+    for kind, entry in folders:
+        info = read_marker(entry)
+        size = info["size_bytes"] if info else tree_size(entry)
+        lock = lock_file(entry)
+        when = lock.stat().st_mtime if lock.exists() else entry.stat().st_mtime
+        out.append(Usage(entry, kind, size, when))
     dl = root / DOWNLOADS
     if dl.is_dir():
         for f in dl.iterdir():

@@ -89,6 +89,19 @@ def test_eviction_is_lru_within_budget_and_spares_entries_in_use(tmp_path):
     assert not entries[1].exists() and not entries[2].exists()
 
 
+def test_check_installs_uv_cache_counts_against_the_budget_and_goes_whole_only_when_unused(tmp_path):
+    mib = 1024 * 1024
+    with C.uv_cache_in_use(tmp_path) as uv:
+        (uv / "archive-v0").mkdir()
+        (uv / "archive-v0" / "torch.so").write_bytes(os.urandom(2 * mib))
+        assert C.enforce_budget(tmp_path, budget=mib) == []   # counted, but a check is using it
+        assert (uv / "archive-v0" / "torch.so").exists()
+    (entry,) = [u for u in C.usage(tmp_path) if u.kind == C.UV]
+    assert entry.path == uv and entry.size >= 2 * mib     # noted when the check ended
+    assert C.enforce_budget(tmp_path, budget=mib) == [uv]
+    assert not uv.exists()
+
+
 def test_budget_setting_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "0")
     assert C.budget_bytes() is None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from farm.cachebudget import uv_cache_in_use
 from farm.errors import BadInput, FarmError
 from farm.pages.installmatrix import MATRIX_FILE, PAGE, WORKS, render_install_page
 from farm.platforms import LABELS, cell_suffix, host_platform
@@ -326,8 +327,6 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
             skipped.append({"cell": cell.id, "reason": f"no Python {cell.python} on this host"})
             continue
         runnable.append(cell)
-    uv_cache = cache_dir() / "uv"
-    uv_cache.mkdir(parents=True, exist_ok=True)
     work_parent = cache_dir() / "work"   # beside uv's cache: one file system, so torch is hard-linked
     work_parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="check-install-", dir=work_parent))
@@ -335,18 +334,19 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     serving.start()
     results: dict[str, dict[str, dict]] = defaultdict(dict)
-    try:
-        tools = Tools(f"http://127.0.0.1:{server.server_address[1]}/", root, work, _uv_binary(), uv_cache,
-                      _recipe_knobs(), log)
-        log(f"serving {root} on {tools.base_url} for {len(runnable)} cell(s) x {', '.join(installers)}")
-        for cell in runnable:
-            for project, by_installer in check_cell(cell, tools, installers).items():
-                version = next(p.version for p in cell.packages if p.project == project)
-                results[project][cell.id] = {"version": version, **by_installer}
-    finally:
-        server.shutdown()
-        server.server_close()
-        shutil.rmtree(work, ignore_errors=True)
+    with uv_cache_in_use(log=log) as uv_cache:   # counted and evicted by the cache budget
+        try:
+            tools = Tools(f"http://127.0.0.1:{server.server_address[1]}/", root, work, _uv_binary(), uv_cache,
+                          _recipe_knobs(), log)
+            log(f"serving {root} on {tools.base_url} for {len(runnable)} cell(s) x {', '.join(installers)}")
+            for cell in runnable:
+                for project, by_installer in check_cell(cell, tools, installers).items():
+                    version = next(p.version for p in cell.packages if p.project == project)
+                    results[project][cell.id] = {"version": version, **by_installer}
+        finally:
+            server.shutdown()
+            server.server_close()
+            shutil.rmtree(work, ignore_errors=True)
     counts = {WORKS: 0, FAILS: 0}
     for by_cell in results.values():
         for entry in by_cell.values():
