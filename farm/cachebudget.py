@@ -254,12 +254,25 @@ def usage(root: Path | None = None) -> list[Usage]:
     return out
 
 
+def unpacked_size(wheels: Iterable[Path]) -> int:
+    """The bytes installing these wheels writes, read from their zip directories (nothing unpacked)."""
+    import zipfile
+
+    total = 0
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            total += sum(info.file_size for info in zf.infolist())
+    return total
+
+
 def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None,
-                   keep: Iterable[Path] = ()) -> list[Path]:
+                   keep: Iterable[Path] = (), incoming: int = 0) -> list[Path]:
     """Evict least recently used entries until the caches fit the budget; return what went.
 
     `keep` names what the caller is about to hand back (a download's files): never evicted here,
-    however tight the disk, or a caller would return paths that are already gone.
+    however tight the disk, or a caller would return paths that are already gone. `incoming`: the
+    bytes the caller is about to write into the cache (an environment it installs), made room for
+    first, so the reserve is still free once they are written.
     """
     root = root or cache_dir()
     configured = budget == -1
@@ -268,7 +281,7 @@ def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None,
         return []
     kept = {Path(p) for p in keep}
     every = usage(root)
-    total = sum(u.size for u in every)          # what is kept still counts against the budget
+    total = incoming + sum(u.size for u in every)   # what is kept still counts against the budget
     entries = [u for u in every if u.path not in kept]
     if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
         reserve = int(float(settings.CACHE_RESERVE_GB.value()) * 1024**3)

@@ -102,6 +102,26 @@ def test_check_installs_uv_cache_counts_against_the_budget_and_goes_whole_only_w
     assert not uv.exists()
 
 
+def test_room_is_made_for_what_a_caller_is_about_to_write_before_it_writes(tmp_path):
+    mib = 1024 * 1024
+    entries = [tmp_path / "envs" / f"e{i}" for i in range(2)]
+    for i, e in enumerate(entries):
+        C.acquire(e, _filler(mib)).close()
+        os.utime(C.lock_file(e), (1000 + i, 1000 + i))
+    assert C.enforce_budget(tmp_path, budget=3 * mib) == []            # 2 MiB fit in 3
+    assert C.enforce_budget(tmp_path, budget=3 * mib, incoming=2 * mib) == [entries[0]]
+
+
+def test_the_bytes_a_wheel_installs_are_read_from_its_zip_directory(tmp_path):
+    import zipfile
+    wheel = tmp_path / "x-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x/big.bin", b"\0" * 100_000)
+        zf.writestr("x/small.py", "A = 1\n")
+    assert wheel.stat().st_size < 10_000
+    assert C.unpacked_size([wheel]) == 100_006
+
+
 def test_budget_setting_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("FARM_CACHE_BUDGET_GB", "0")
     assert C.budget_bytes() is None

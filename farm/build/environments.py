@@ -334,6 +334,8 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
             raise EnvironmentFailed(f"torch {req.torch_pin} for Python {req.python} {req.platform} is not "
                                     f"downloaded; run farm.build.environments.download_environment on the host first")
         t0 = time.monotonic()
+        # room first: with several builds installing at once, evicting afterwards filled a shared disk
+        cachebudget.enforce_budget(root, log=log, keep=dl.files, incoming=cachebudget.unpacked_size(dl.files))
         _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
         py = venv_python(path)
         with cachebudget.downloads_in_use(root):
