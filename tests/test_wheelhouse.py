@@ -16,7 +16,7 @@ import pytest
 from wheelhouse_fixtures import REPO, comfy_env_matches, make_wheel, run_farm
 
 from farm.errors import BadInput, PublishConflict, ShrinkRefused
-from farm.wheelhouse import built_keys, index, check_links, prune, publish, read_journal, rebuild, verify
+from farm.wheelhouse import built_keys, check_links, index, prune, publish, read_journal, rebuild, verify
 
 LINK = re.compile(r'<a ([^>]*)>([^<]*)</a>')
 ATTR = re.compile(r'([\w-]+)="([^"]*)"')

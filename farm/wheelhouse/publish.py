@@ -37,7 +37,16 @@ from farm.recipes.buildrecord import BuildRecord
 from farm.settings import display
 from farm.versions import minor_of
 from farm.wheelhouse.index import (
-    FILES, PUT_BACK, Config, House, Site, channel_lines, pages_current, stamp_pages_format, unpaged, update,
+    FILES,
+    PUT_BACK,
+    Config,
+    House,
+    Site,
+    channel_lines,
+    pages_current,
+    stamp_pages_format,
+    unpaged,
+    update,
 )
 from farm.wheelhouse.journalindex import JournalIndex, Summary
 from farm.wheelhouse.maintain import file_sha256, files_not_a_folder, unaccounted
