@@ -105,12 +105,34 @@ if [ -d "$SYSROOT/usr/lib/gcc" ]; then
     # The packages' exact versions go into each wrapper: ccache hashes a compiler by its content, and
     # the wrapper is the compiler it sees.
     versions="$(dpkg-query --admindir="$SYSROOT/var/lib/dpkg" -W -f='${Package} ${Version}; ' "gcc-$major" "g++-$major" libc6 "libstdc++-$major-dev")"
-    mkdir -p "$TOOLCHAIN/bin"
+    mkdir -p "$TOOLCHAIN/bin" "$TOOLCHAIN/lib"
+    driver="$SYSROOT/usr/bin/g++-$major --sysroot=$SYSROOT"
+    # The floor shim (docker/libstdcxx-floor.cpp): gcc 9 and 10 members the headers define, instantiated
+    # here so that a link binds them locally instead of at GLIBCXX > 3.4.24 (torch's manylinux_2_28).
+    shim_src=/usr/local/share/farm/libstdcxx-floor.cpp
+    run $driver -std=c++17 -O2 -fPIC -c "$shim_src" -o "$TOOLCHAIN/lib/floor-cxx11.o"
+    run $driver -std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -c "$shim_src" -o "$TOOLCHAIN/lib/floor-cxx98.o"
+    run ar rcs "$TOOLCHAIN/lib/libfarm-floor.a" "$TOOLCHAIN/lib/floor-cxx11.o" "$TOOLCHAIN/lib/floor-cxx98.o"
+    rm -f "$TOOLCHAIN/lib/floor-cxx11.o" "$TOOLCHAIN/lib/floor-cxx98.o"
     for pair in gcc:gcc cc:gcc g++:g++ c++:g++; do
+        # Only the C++ drivers link the shim, and only when they link (-o or -shared, no -c/-S/-E/-M):
+        # an archive on a compile-only command line draws a warning, on `g++ -v` alone a link of nothing.
+        floor=""
+        if [ "${pair#*:}" = "g++" ]; then
+            floor='link=""
+for arg; do
+    case "$arg" in
+        -c|-S|-E|-M|-MM|-fsyntax-only) link=""; break ;;
+        -o*|-shared) link=1 ;;
+    esac
+done
+[ -n "$link" ] && set -- "$@" '"$TOOLCHAIN"'/lib/libfarm-floor.a -Wl,--exclude-libs,libfarm-floor.a'
+        fi
         cat > "$TOOLCHAIN/bin/${pair%%:*}" <<WRAPPER
 #!/bin/sh
 # The farm's host compiler (design.md §6.4): gcc $major on the sysroot's glibc and libstdc++.
 # $versions
+$floor
 exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -L$SYSROOT/usr/lib/$triplet -L$SYSROOT/usr/lib \\
     -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
 WRAPPER

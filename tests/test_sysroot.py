@@ -44,6 +44,13 @@ def needed_versions(so: Path) -> dict[str, tuple[int, ...]]:
     return top
 
 
+def exported_symbols(so: Path) -> set[str]:
+    """The names an ELF file defines in its dynamic symbol table."""
+    with open(so, "rb") as fh:
+        return {s.name for s in ELFFile(fh).get_section_by_name(".dynsym").iter_symbols()
+                if s["st_shndx"] != "SHN_UNDEF"}
+
+
 # ----- no engine needed ---------------------------------------------------------------
 
 
@@ -195,3 +202,43 @@ def test_the_toolchain_compiles_cpp_and_cuda_that_need_nothing_past_glibc_2_31(i
         assert need.get("GLIBCXX", (3, 4)) <= GLIBCXX_3_4_28, (so.name, need)
     # the C++ file really bound libstdc++ (std::thread, std::string): the check above read something
     assert "GLIBCXX" in needed_versions(tmp_path / "ext.so")
+
+
+# gcc 9 and 10 defined these in the headers and exported them from libstdc++ at GLIBCXX_3.4.26: at -O0
+# every caller binds the library's copy (cumm's core_cc bound the first one and missed torch's floor).
+FLOOR_CPP = r"""
+#include <sstream>
+#include <string>
+#include <string_view>
+extern "C" int farm_floor(int x) {
+    std::stringstream io; std::ostringstream out; std::istringstream in; std::stringbuf buf;
+    std::string s = "abc"; char *p = s.data(); std::string_view view = s; std::string copy(view);
+    io << x * 2; out << nullptr << p << copy << io.str();
+    return (int)out.str().size();
+}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.container
+@pytest.mark.parametrize("abi", [1, 0], ids=["cxx11-abi", "old-abi"])
+def test_members_gcc_9_and_10_added_to_libstdcxx_are_linked_locally_below_torchs_floor(image, tmp_path, abi):
+    """The toolchain links its floor shim (docker/libstdcxx-floor.cpp) ahead of libstdc++: the same code
+    linked by the sysroot's bare g++ needs GLIBCXX_3.4.26, through the wrapper no more than 3.4.24
+    (manylinux_2_28), exports none of the shim's code, and runs."""
+    (tmp_path / "floor.cpp").write_text(FLOOR_CPP)
+    tc, sysroot = image.toolchain["bin"], image.toolchain["sysroot"]
+    flags = f"-std=c++17 -O0 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI={abi} /t/floor.cpp"
+    bare = f"$(ls {sysroot}/usr/bin/g++-[0-9]* | head -n 1) --sysroot={sysroot}"
+    probe = 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).farm_floor(21))'
+    out = ensure_engine().output(image.ref, ["sh", "-c", " && ".join([
+        f"{bare} {flags} -o /t/bare.so", f"{tc}/g++ {flags} -o /t/floor.so",
+        f"python3 -c '{probe}' /t/floor.so"])], network=False, mounts=[Mount(tmp_path, "/t")])
+    assert needed_versions(tmp_path / "bare.so")["GLIBCXX"] == (3, 4, 26)   # what the shim has to undo
+    assert needed_versions(tmp_path / "floor.so")["GLIBCXX"] <= (3, 4, 24)
+    # the shim's members stay inside the extension: it exports nothing the bare link did not
+    shim_members = {"_ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev",
+                    "_ZNSt18basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev"}
+    assert not exported_symbols(tmp_path / "floor.so") - exported_symbols(tmp_path / "bare.so")
+    assert not shim_members & exported_symbols(tmp_path / "floor.so")
+    assert out.split()[-1] == "15"   # "nullptr" + "abc" + "abc" + "42"
