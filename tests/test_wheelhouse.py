@@ -80,7 +80,8 @@ def test_channel_link_carries_sha256_escaped_requires_python_and_both_metadata_a
 def test_pages_rendered_in_an_older_format_are_all_rendered_again_by_the_next_publish(house, wheels):
     """A house whose pages an older farm wrote (here: a JSON page still naming `dist-info-metadata`, which
     pip 22.3 to 23.1 crash on) gets every page rendered again by the next publish, even of projects
-    it does not touch; with the current format stamp the same publish leaves those pages alone."""
+    it does not touch, and loses the pages the journal no longer gives a place; with the current format
+    stamp the same publish leaves those pages alone."""
     publish([make_wheel(wheels, "drtk", "0.1.0+cu128torch2.8")], house)
     page = house / "cu128/torch2.8/drtk/index.json"
     current = page.read_bytes()
@@ -91,10 +92,21 @@ def test_pages_rendered_in_an_older_format_are_all_rendered_again_by_the_next_pu
     publish([make_wheel(wheels, "other", "0.1.0+cu128torch2.8")], house)
     assert page.read_bytes() == old_style
 
+    # a page an older farm wrote that the journal gives no place now (a project folder of another
+    # spelling, say): a publish of the current format leaves it, the re-render removes it
+    dropped = house / "cu128/torch2.8/Old_Name"
+    dropped.mkdir()
+    (dropped / "index.html").write_bytes(b"<html></html>")
+    (house / "packages/Old_Name.json").write_bytes(b"[]")
+    publish([make_wheel(wheels, "fourth", "0.1.0+cu128torch2.8")], house)
+    assert (dropped / "index.html").exists()
+
     (house / index.FORMAT_STAMP).write_text(f"{index.PAGE_FORMAT - 1}\n")
     publish([make_wheel(wheels, "third", "0.1.0+cu128torch2.8")], house)
     assert page.read_bytes() == current
     assert (house / index.FORMAT_STAMP).read_text().strip() == str(index.PAGE_FORMAT)
+    assert not dropped.exists() and not (house / "packages/Old_Name.json").exists()
+    assert (house / "cu128/torch2.8/fourth/index.html").exists() and (house / "packages/fourth.json").exists()
 
 
 def test_torch_free_wheel_is_listed_in_every_torch_channel_of_its_cuda_line_and_no_other(house, wheels):

@@ -547,6 +547,17 @@ def packages_files(root: Path, site: Site) -> list[tuple[str, bytes]]:
     return [(f"{PACKAGES_DIR}/{p}.json", data) for p, data in sorted(fragments.items())] + [(PACKAGES, packages)]
 
 
+def drop_unlisted(root: Path, site: Site, on_disk: dict[str, str]) -> None:
+    """After a whole-house Site's pages are written: remove the pages found on disk before (`on_disk`,
+    from existing_page_keys) that the Site no longer has, and packages/<project>.json of projects it
+    does not list."""
+    remove_pages(root, [k for k in on_disk if k not in site.kind], on_disk)
+    listed = site.fragments()
+    for path in (root / PACKAGES_DIR).glob("*.json"):
+        if path.stem not in listed:
+            path.unlink()
+
+
 def expected_files(root: Path, site: Site) -> dict[str, bytes]:
     """Every file a rebuild writes for a whole-house Site, by path relative to the house."""
     out = {rel: data for key in site.kind for rel, data in site.render(key).items()}
@@ -584,13 +595,8 @@ def rebuild_pages(root: Path, allow_shrink: bool = False) -> tuple[Site, list[st
         raise ShrinkRefused(f"{display(root)}: index rebuild would list fewer wheels in {key}: "
                             f"{was} -> {now}{more}{why}; nothing written (pass --allow-shrink to accept)")
     on_disk = existing_page_keys(root)
-    extra = packages_files(root, site)
-    write_pages(root, site, site.kind, extra)
-    stale = [k for k in on_disk if k not in site.kind]
-    remove_pages(root, stale, on_disk)
-    for path in (root / PACKAGES_DIR).glob("*.json"):
-        if f"{PACKAGES_DIR}/{path.name}" not in dict(extra):
-            path.unlink()
+    write_pages(root, site, site.kind, packages_files(root, site))
+    drop_unlisted(root, site, on_disk)
     fsync_dir(root)
     stamp_pages_format(root)
     idx.save(force=True)

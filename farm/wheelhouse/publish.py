@@ -43,6 +43,8 @@ from farm.wheelhouse.index import (
     House,
     Site,
     channel_lines,
+    drop_unlisted,
+    existing_page_keys,
     pages_current,
     stamp_pages_format,
     unpaged,
@@ -391,9 +393,12 @@ def _update_pages(root: Path, idx: JournalIndex, config: Config, projects: set[s
         return Site(House.derive(idx.entries(project), config, lines_after)).fragments().get(project, b"[]")
 
     if not pages_current(root):
+        # every page again, and the ones an older farm wrote that this format has no place for go
+        on_disk = existing_page_keys(root)
         everything = Site(House.derive([e for q in idx.projects() for e in idx.entries(q)], config, lines_after),
                           idx.summaries)
         written = update(root, None, everything, projects=idx.projects(), fragment_of=fragment_of)
+        drop_unlisted(root, everything, on_disk)
         stamp_pages_format(root)
         return written
     # A publisher killed between its journal append and its pages left projects the journal lists
