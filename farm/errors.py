@@ -158,6 +158,10 @@ class DownloadFailed(FarmError):
     exit_code = 1
 
 
+class IndexUnreachable(DownloadFailed):
+    """The index a download must come from does not answer (and nothing cached answers for it)."""
+
+
 class EnvironmentFailed(FarmError):
     """The cell's Python/torch environment could not be made or does not run."""
 

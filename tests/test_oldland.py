@@ -23,10 +23,12 @@ from types import SimpleNamespace
 import pytest
 from wheelhouse_fixtures import make_wheel, run_farm, served
 
+from farm.build import downloads
 from farm.build.downloads import find_manifest
+from farm.build.environments import torch_index
 from farm.errors import BadInput
 from farm.recipes.model import Verify as VerifyKnobs
-from farm.run.oldland import _knobs, check_oldland
+from farm.run.oldland import TorchOutOfReach, _knobs, check_oldland, fetch_requirements
 from farm.runners import images, oldland
 from farm.runners.engine import Engine, Mount, ensure_engine
 from farm.wheelhouse import publish
@@ -256,3 +258,23 @@ def test_a_given_python_org_tarball_with_the_same_bytes_makes_the_same_userland(
     given.write_bytes(debian.read_bytes())
     monkeypatch.setattr(oldland, "_build_cpython", lambda *_a, **_kw: pytest.fail("built again"))
     assert oldland.ensure_oldland(engine, [oldland.local_source(given)], quiet=True) == userland
+
+
+def test_a_torch_from_an_unreachable_index_is_taken_from_the_downloads_folder_or_named_as_out_of_reach(
+        tmp_path, monkeypatch):
+    """A cu126 cell's torch comes from the PyTorch index (PyPI's torch 2.8 is cu128), unreachable here (a closed port on 127.0.0.1
+    stands for it): with nothing in the downloads folder the wheel is out of reach, said in one line that
+    names the index; once the folder holds that torch for the userland's target, nothing is fetched."""
+    monkeypatch.setenv("FARM_TORCH_INDEX_URL", "http://127.0.0.1:9/whl")
+    entry = SimpleNamespace(torch="2.8", cuda="12.6")
+    wheel = make_wheel(tmp_path / "in", "oldland_far", "0.1.0+cu126torch2.8")
+    cache = tmp_path / "cache"
+    with pytest.raises(TorchOutOfReach, match=r"torch 2\.8 for CUDA 12\.6 .* http://127\.0\.0\.1:9/whl/cu126 is unreachable"):
+        fetch_requirements(wheel, entry, "3.11", "2.31", frozenset(), cache)
+
+    seeded = make_wheel(cache / "downloads", "torch", "2.8.0+cu126", tags="cp311-cp311-manylinux_2_28_x86_64")
+    key = downloads._manifest_key(["torch==2.8.*"], [], "3.11", "linux", "2.31", torch_index("2.8", "12.6"))
+    (cache / "downloads" / downloads.MANIFESTS).mkdir(parents=True)
+    (cache / "downloads" / downloads.MANIFESTS / f"{key}.json").write_text(json.dumps(
+        {"requirements": ["torch==2.8.*"], "files": [seeded.name], "markers_decided": True}))
+    fetch_requirements(wheel, entry, "3.11", "2.31", frozenset(), cache)   # no error: the folder answers

@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from farm import progress
 from farm.cachebudget import downloads_in_use, enforce_budget, flocked, touch
-from farm.errors import DownloadFailed, FarmError
+from farm.errors import DownloadFailed, FarmError, IndexUnreachable
 from farm.platforms import marker_environment
 from farm.process import CompletedProcess, last_useful_lines, stream
 from farm.settings import cache_dir
@@ -203,6 +203,11 @@ def _download_into(dl_dir: Path, manifest: Path, key: str, requirements: Sequenc
                    glibc: str, constraints: Sequence[str], index: Index, no_deps: bool,
                    log: Callable[[str], None]) -> DownloadSet:
     """Run pip download (and what the target's markers add) into `dl_dir`; write the set's manifest."""
+    # pip takes an unreachable first index for a warning and resolves from the extra one alone: from
+    # PyPI, a PyTorch channel's torch would come as PyPI's default build, of another CUDA line.
+    if index.extra_url and (why := index.reachable()) is not None:
+        raise IndexUnreachable(f"{index.url} is unreachable ({why}): {' '.join(requirements)} must come from it, "
+                               f"not from {index.extra_url} alone")
     t0 = time.monotonic()
     pytag = python_tag(python)
     cmd = [sys.executable, "-m", "pip", "download", "--isolated", *_cert_args(), "--progress-bar", _progress_bar(),

@@ -30,7 +30,7 @@ from farm.build.downloads import download, unmet_for_target
 from farm.build.environments import torch_index
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
 from farm.cachebudget import downloads_in_use
-from farm.errors import BadInput, FarmError
+from farm.errors import BadInput, FarmError, IndexUnreachable
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.runners.engine import Engine, Mount
 from farm.runners.oldland import SUITE, CPythonSource, Oldland, ensure_oldland
@@ -122,15 +122,24 @@ def _pip_line(log: Path) -> str:
     return refusal or (errors[0] if errors else (lines[-1] if lines else "pip failed with no output"))
 
 
+class TorchOutOfReach(FarmError):
+    """The cell's torch is neither in the downloads folder nor reachable: the wheel cannot be checked here."""
+
+
 def fetch_requirements(wheel: Path, entry: ManifestEntry, python: str, glibc: str, served: frozenset[str],
                        cache: Path | None) -> None:
     """Download on the host, for the userland's Python and glibc, the cell's torch (from where the farm
     takes it for that CUDA) and what the wheel requires besides torch and the house's own projects
     (numpy, say): a user's pip takes those from PyPI, which the container does not reach, so they must
-    be in the downloads folder its pip finds links in. An earlier build's torch may have been evicted."""
+    be in the downloads folder its pip finds links in. An earlier build's torch may have been evicted.
+    A torch the folder already holds for this target is taken from there, whatever the network."""
     if entry.torch:
-        download([f"torch=={entry.torch}.*"], python=python, platform="linux", glibc=glibc,
-                 index=torch_index(entry.torch, entry.cuda), root=cache)
+        try:
+            download([f"torch=={entry.torch}.*"], python=python, platform="linux", glibc=glibc,
+                     index=torch_index(entry.torch, entry.cuda), root=cache)
+        except IndexUnreachable as exc:
+            raise TorchOutOfReach(f"not checked here: torch {entry.torch} for CUDA {entry.cuda} is in no downloads "
+                                  f"folder for Python {python}, and {exc} (FARM_TORCH_INDEX_URL)") from None
     wanted = [r for r in unmet_for_target([wheel], python, "linux")
               if canonicalize_name(Requirement(r).name) not in served | {"torch"}]
     if wanted:
@@ -151,7 +160,11 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
     if knobs.skip_import:
         result.reason = f"waived: {knobs.skip_import if isinstance(knobs.skip_import, str) else 'verify.skip_import'}"
         return result
-    fetch_requirements(wheel, entry, python, image.glibc, served, cache)
+    try:
+        fetch_requirements(wheel, entry, python, image.glibc, served, cache)
+    except TorchOutOfReach as exc:   # the network's limit, not the wheel's: a skip with its reason
+        result.reason = str(exc)
+        return result
     with tempfile.TemporaryDirectory(prefix="farm-oldland-check-") as tmp:
         check = Path(tmp)
         w = Wheel(wheel, check)
