@@ -11,7 +11,9 @@ Slow on a cold machine (debootstrap and a CPython build, ~5 min); then cached un
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 from wheelhouse_fixtures import make_wheel, run_farm, served
 
+from farm import settings
 from farm.build import downloads
 from farm.build.downloads import find_manifest
 from farm.build.environments import torch_index
@@ -209,12 +212,21 @@ def test_a_torch_linked_wheel_is_installed_beside_its_cells_torch_from_the_downl
     the wheel's module imports torch itself. A few minutes: torch's wheels are unpacked in the container.
     The check downloads that torch itself (for the userland's Python and glibc): it does not rely on an
     earlier build having left one in the shared folder."""
+    # A downloads folder of the test's own, holding links to the shared folder's wheels but none of its
+    # manifests: pip finds the files already there (no 3.6 GB download), and the manifest exists only
+    # if the check itself downloaded torch for the userland.
+    cache = tmp_path / "cache"
+    (cache / "downloads").mkdir(parents=True)
+    for wheel in (settings.cache_dir() / "downloads").glob("*.whl"):
+        with contextlib.suppress(OSError):
+            os.link(wheel, cache / "downloads" / wheel.name)
     result, torch_log = check_one_wheel(tmp_path, "oldland_torchy", "0.1.0+cu130torch2.13", "torch==2.13.*",
-                                        "import torch\nDEVICES = torch.cuda.device_count()\n")
+                                        "import torch\nDEVICES = torch.cuda.device_count()\n", cache=cache)
     assert result["torch"] == "2.13"
     assert re.search(r"Successfully installed .*torch-2\.13\.\d", torch_log)
-    # the host's own download for the userland, not a build environment's (glibc 2.28) left-over
-    assert find_manifest(["torch==2.13.*"], python="3.11", platform="linux", glibc=userland.glibc) is not None
+    # the host's own download for the userland (glibc 2.31), not a build environment's (glibc 2.28)
+    assert find_manifest(["torch==2.13.*"], python="3.11", platform="linux", glibc=userland.glibc,
+                         root=cache) is not None
 
 
 def test_a_wheels_own_dependencies_install_from_what_the_host_downloads_for_the_userland(tmp_path, userland):
