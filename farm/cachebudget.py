@@ -232,8 +232,64 @@ def budget_bytes() -> int | None:
     return None if gb <= 0 else int(gb * 1024**3)
 
 
-def usage(root: Path | None = None) -> list[Usage]:
+PENDING = ".pending"   # reservations: bytes writers are about to put into the cache (room_for)
+
+
+@contextmanager
+def room_for(entry: Path, nbytes: int, root: Path | None = None, log=None, keep: Iterable[Path] = ()):
+    """Reserve `nbytes` for the cache directory `entry` while the caller writes it, after making room
+    for them and for every other writer's reservation: two environments installed at once each make
+    room for both, where each making room for its own filled a shared disk. A reservation is a file
+    under PENDING held under an exclusive flock for as long as its writer lives (a dead writer's
+    lock is gone, and so its reservation counts for nothing); `keep` as for enforce_budget."""
     root = root or cache_dir()
+    folder = root / PENDING
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(folder / f".{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        lock_fd(fd)   # before the name readers look at: a visible reservation is always a held one
+        os.write(fd, json.dumps({"entry": os.path.relpath(entry, root), "bytes": nbytes}).encode())
+        os.replace(folder / f".{name}", folder / name)
+        enforce_budget(root, log=log, keep=keep)
+        yield
+    finally:
+        (folder / name).unlink(missing_ok=True)
+        (folder / f".{name}").unlink(missing_ok=True)
+        os.close(fd)
+
+
+def reservations(root: Path | None = None) -> dict[Path, int]:
+    """The bytes live writers have reserved, by the entry they write; a dead writer's file goes."""
+    root = root or cache_dir()
+    out: dict[Path, int] = {}
+    folder = root / PENDING
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if path.name.startswith("."):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            data = json.loads(os.read(fd, 4096) or b"{}")
+            if lock_fd(fd, shared=True, blocking=False):   # nobody holds it: its writer died
+                path.unlink(missing_ok=True)
+                continue
+        except ValueError:
+            continue
+        finally:
+            os.close(fd)
+        entry = root / data["entry"]
+        out[entry] = out.get(entry, 0) + int(data["bytes"])
+    return out
+
+
+def usage(root: Path | None = None, pending: dict[Path, int] | None = None) -> list[Usage]:
+    """Every evictable entry with its size. An incomplete directory that a writer has reserved room for
+    counts as the larger of what it holds and the reservation (`pending`, from reservations())."""
+    root = root or cache_dir()
+    pending = pending or {}
     folders = [(kind, entry) for kind in DIR_KINDS if (root / kind).is_dir()
                for entry in (root / kind).iterdir() if not entry.name.startswith(".") and entry.is_dir()]
     if (root / UV).is_dir():
@@ -241,7 +297,7 @@ def usage(root: Path | None = None) -> list[Usage]:
     out: list[Usage] = []
     for kind, entry in folders:
         info = read_marker(entry)
-        size = info["size_bytes"] if info else tree_size(entry)
+        size = info["size_bytes"] if info else max(tree_size(entry), pending.get(entry, 0))
         lock = lock_file(entry)
         when = lock.stat().st_mtime if lock.exists() else entry.stat().st_mtime
         out.append(Usage(entry, kind, size, when))
@@ -266,13 +322,12 @@ def unpacked_size(wheels: Iterable[Path]) -> int:
 
 
 def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None,
-                   keep: Iterable[Path] = (), incoming: int = 0) -> list[Path]:
-    """Evict least recently used entries until the caches fit the budget; return what went.
+                   keep: Iterable[Path] = ()) -> list[Path]:
+    """Evict least recently used entries until the caches, and the bytes writers have reserved
+    (room_for), fit the budget; return what went.
 
     `keep` names what the caller is about to hand back (a download's files): never evicted here,
-    however tight the disk, or a caller would return paths that are already gone. `incoming`: the
-    bytes the caller is about to write into the cache (an environment it installs), made room for
-    first, so the reserve is still free once they are written.
+    however tight the disk, or a caller would return paths that are already gone.
     """
     root = root or cache_dir()
     configured = budget == -1
@@ -280,8 +335,11 @@ def enforce_budget(root: Path | None = None, budget: int | None = -1, log=None,
     if budget is None:
         return []
     kept = {Path(p) for p in keep}
-    every = usage(root)
-    total = incoming + sum(u.size for u in every)   # what is kept still counts against the budget
+    pending = reservations(root)
+    every = usage(root, pending)
+    listed = {u.path for u in every}
+    # what is kept still counts against the budget, and so does what writers are about to write
+    total = sum(u.size for u in every) + sum(n for entry, n in pending.items() if entry not in listed)
     entries = [u for u in every if u.path not in kept]
     if configured:   # the configured budget never outgrows the disk (an explicit one is taken as given)
         reserve = int(float(settings.CACHE_RESERVE_GB.value()) * 1024**3)

@@ -102,14 +102,45 @@ def test_check_installs_uv_cache_counts_against_the_budget_and_goes_whole_only_w
     assert not uv.exists()
 
 
-def test_room_is_made_for_what_a_caller_is_about_to_write_before_it_writes(tmp_path):
+_HOLDER = """
+import sys
+from pathlib import Path
+from farm import cachebudget as C
+root = Path(sys.argv[1])
+with C.room_for(root / "envs" / "other", int(sys.argv[2]), root):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_room_is_made_for_every_writers_reservation_before_each_writes(tmp_path, monkeypatch):
+    """Two installs at once (one in another process): the second makes room for both, and evicts the
+    oldest entry although its own bytes alone would fit; once the other writer is killed, its
+    reservation counts for nothing and its file goes."""
     mib = 1024 * 1024
+    monkeypatch.setenv("FARM_CACHE_BUDGET_GB", str(3.5 * mib / 1024**3))
+    monkeypatch.setenv("FARM_CACHE_RESERVE_GB", "0")   # the machine's free disk plays no part here
     entries = [tmp_path / "envs" / f"e{i}" for i in range(2)]
     for i, e in enumerate(entries):
         C.acquire(e, _filler(mib)).close()
         os.utime(C.lock_file(e), (1000 + i, 1000 + i))
-    assert C.enforce_budget(tmp_path, budget=3 * mib) == []            # 2 MiB fit in 3
-    assert C.enforce_budget(tmp_path, budget=3 * mib, incoming=2 * mib) == [entries[0]]
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path), str(mib)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"   # 2 MiB + its 1 MiB fit in 3.5: nothing went
+        assert all(e.exists() for e in entries)
+        assert C.reservations(tmp_path) == {tmp_path / "envs" / "other": mib}
+        mine = tmp_path / "envs" / "mine"
+        mine.mkdir()
+        with C.room_for(mine, mib, tmp_path):
+            assert not entries[0].exists() and entries[1].exists()   # 2 + 1 + 1 MiB did not fit
+            # an entry being written counts as the larger of its bytes and its reservation, once
+            assert [u.size for u in C.usage(tmp_path, C.reservations(tmp_path)) if u.path == mine] == [mib]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert C.reservations(tmp_path) == {}                      # the killed writer's lock went with it
+    assert not list((tmp_path / C.PENDING).iterdir())
 
 
 def test_the_bytes_a_wheel_installs_are_read_from_its_zip_directory(tmp_path):

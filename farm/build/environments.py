@@ -334,15 +334,15 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
             raise EnvironmentFailed(f"torch {req.torch_pin} for Python {req.python} {req.platform} is not "
                                     f"downloaded; run farm.build.environments.download_environment on the host first")
         t0 = time.monotonic()
-        # room first: with several builds installing at once, evicting afterwards filled a shared disk
-        cachebudget.enforce_budget(root, log=log, keep=dl.files, incoming=cachebudget.unpacked_size(dl.files))
-        _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
         py = venv_python(path)
-        with cachebudget.downloads_in_use(root):
-            cachebudget.touch(dl.files)
-            _run([py, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps", "--no-warn-script-location",
-                  "--disable-pip-version-check", *dl.files], log, f"installing torch {req.torch_pin} into {path}",
-                 env=isolated_pip_env())
+        # room first, for this install and the others under way: evicting afterwards filled a shared disk
+        with cachebudget.room_for(path, cachebudget.unpacked_size(dl.files), root, log=log, keep=dl.files):
+            _run([python_exe, "-m", "venv", path], log, f"creating the venv {path}")
+            with cachebudget.downloads_in_use(root):
+                cachebudget.touch(dl.files)
+                _run([py, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
+                      "--no-warn-script-location", "--disable-pip-version-check", *dl.files], log,
+                     f"installing torch {req.torch_pin} into {path}", env=isolated_pip_env())
         probe = probe_torch(py)
         check_torch(probe["torch"], probe["cuda"], req.torch_pin, req.cuda, where=str(path))
         _run([py, "-m", "pip", "check"], log, f"pip check in {path}", env=isolated_pip_env())
