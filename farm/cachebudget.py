@@ -198,9 +198,13 @@ def uv_cache_in_use(root: Path | None = None, log=None):
         os.utime(lock_file(folder))
         try:
             yield folder
-        finally:
-            write_atomic(folder / MARKER, json.dumps({"kind": UV, "size_bytes": tree_size(folder)}))
-            enforce_budget(root, log=log)
+        except BaseException:
+            # an interrupted or failed check does not walk a tree of 20 GB on its way out: the noted size
+            # goes, and the next budget check measures the folder itself
+            (folder / MARKER).unlink(missing_ok=True)
+            raise
+        write_atomic(folder / MARKER, json.dumps({"kind": UV, "size_bytes": tree_size(folder)}))
+    enforce_budget(root, log=log)
 
 
 def touch(paths: Iterable[Path]) -> None:

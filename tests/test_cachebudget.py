@@ -102,6 +102,19 @@ def test_check_installs_uv_cache_counts_against_the_budget_and_goes_whole_only_w
     assert not uv.exists()
 
 
+def test_an_interrupted_check_leaves_its_uv_cache_to_be_measured_by_the_next_budget_check(tmp_path):
+    mib = 1024 * 1024
+    with C.uv_cache_in_use(tmp_path) as uv:
+        pass
+    assert C.read_marker(uv)["size_bytes"] < mib
+    with pytest.raises(KeyboardInterrupt), C.uv_cache_in_use(tmp_path) as uv:
+        (uv / "torch.so").write_bytes(os.urandom(2 * mib))
+        raise KeyboardInterrupt
+    assert C.read_marker(uv) is None                 # the old, smaller size is not believed
+    (entry,) = [u for u in C.usage(tmp_path) if u.kind == C.UV]
+    assert entry.size >= 2 * mib
+
+
 _HOLDER = """
 import sys
 from pathlib import Path
