@@ -224,6 +224,9 @@ def test_every_demo_cell_installs_and_imports_with_pip_and_uv_and_the_broken_whe
             "status": "fails", "error": BROKEN_LINE, "seconds": broken["cu130-torch2.13-py311"][installer]["seconds"]}
     # the lines it ran are the ones the page prints, through the channel (the run's log says which)
     assert re.search(r"cu130-torch2\.12-py312 uv: farm-demo==0\.1\.0\+cu130torch2\.12: installs and imports", res.stdout)
+    # torch 2.12's cells done, uv's copy of it goes before torch 2.13's cells (and 2.13's stays: no cell follows)
+    assert re.search(r"uv cache: torch 2\.12\.\S+'s wheels removed", res.stdout), res.stdout
+    assert "uv cache: torch 2.13" not in res.stdout
 
 
 @pytest.mark.slow

@@ -186,6 +186,14 @@ def _run_step(cmd: list[str], tools: Tools) -> str | None:
     return None if proc.returncode == 0 else first_line(proc.stderr + "\n" + proc.stdout)
 
 
+def _forget_torch(tools: Tools, pin: str | None) -> None:
+    """Drop torch from uv's cache once the cells of its version are checked: uv keeps each torch it
+    unpacked, ~2 GB a Python, and no later cell (cells come in torch order) installs that version
+    again. Without this a house of three torch minors grew the cache to 23 GB during one check."""
+    failed = _run_step([tools.uv, "cache", "clean", "torch"], tools)
+    tools.log(f"uv cache: torch {pin}'s wheels " + (f"not removed: {failed}" if failed else "removed"))
+
+
 def _words(installer: str, python: Path, tools: Tools, cell: Cell, package: Package) -> list[str]:
     """The channel page's line for `installer`, run with the venv's interpreter."""
     from farm.arch.find import pip_words, uv_words
@@ -339,7 +347,9 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
             tools = Tools(f"http://127.0.0.1:{server.server_address[1]}/", root, work, _uv_binary(), uv_cache,
                           _recipe_knobs(), log)
             log(f"serving {root} on {tools.base_url} for {len(runnable)} cell(s) x {', '.join(installers)}")
-            for cell in runnable:
+            for i, cell in enumerate(runnable):
+                if i and cell.torch_pin != runnable[i - 1].torch_pin and "uv" in installers:
+                    _forget_torch(tools, runnable[i - 1].torch_pin)
                 for project, by_installer in check_cell(cell, tools, installers).items():
                     version = next(p.version for p in cell.packages if p.project == project)
                     results[project][cell.id] = {"version": version, **by_installer}
