@@ -161,6 +161,15 @@ class DownloadFailed(FarmError):
 class IndexUnreachable(DownloadFailed):
     """The index a download must come from does not answer (and nothing cached answers for it)."""
 
+    exit_code = 1
+
+
+class TorchOutOfReach(FarmError):
+    """check-oldland: the cell's torch is neither in the downloads folder nor reachable, so the wheel
+    cannot be checked here (a skip, not the wheel's failure)."""
+
+    exit_code = 1
+
 
 class EnvironmentFailed(FarmError):
     """The cell's Python/torch environment could not be made or does not run."""

@@ -29,9 +29,9 @@ from farm import settings
 from farm.build import downloads
 from farm.build.downloads import find_manifest
 from farm.build.environments import torch_index
-from farm.errors import BadInput
+from farm.errors import BadInput, TorchOutOfReach
 from farm.recipes.model import Verify as VerifyKnobs
-from farm.run.oldland import TorchOutOfReach, _knobs, check_oldland, fetch_requirements
+from farm.run.oldland import _knobs, check_oldland, fetch_requirements
 from farm.runners import images, oldland
 from farm.runners.engine import Engine, Mount, ensure_engine
 from farm.wheelhouse import publish

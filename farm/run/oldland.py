@@ -30,7 +30,7 @@ from farm.build.downloads import download, unmet_for_target
 from farm.build.environments import torch_index
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
 from farm.cachebudget import downloads_in_use
-from farm.errors import BadInput, FarmError, IndexUnreachable
+from farm.errors import BadInput, FarmError, IndexUnreachable, TorchOutOfReach
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.runners.engine import Engine, Mount
 from farm.runners.oldland import SUITE, CPythonSource, Oldland, ensure_oldland
@@ -120,10 +120,6 @@ def _pip_line(log: Path) -> str:
     refusal = next((ln for ln in lines if _PIP_REFUSAL.search(ln)), None)
     errors = [ln for ln in lines if ln.startswith("ERROR:")]
     return refusal or (errors[0] if errors else (lines[-1] if lines else "pip failed with no output"))
-
-
-class TorchOutOfReach(FarmError):
-    """The cell's torch is neither in the downloads folder nor reachable: the wheel cannot be checked here."""
 
 
 def fetch_requirements(wheel: Path, entry: ManifestEntry, python: str, glibc: str, served: frozenset[str],

@@ -44,16 +44,13 @@ CONFIG = "config.json"
 FILES = "files"
 PUT_BACK = "put the real folder in its place"   # what no command guesses for a files/ it cannot see (design.md §9.5)
 API_VERSION = "1.1"
-# The format of the pages render() writes. Raise it whenever the pages of an unchanged journal would
-# come out with other bytes (a renamed JSON key, say): the next publish then renders every page, not
-# only those whose listing changed (design.md §9.3). The house keeps the format its pages were last
-# rendered in, in FORMAT_STAMP; a house from before the stamp counts as stale.
+# The format of the pages render() writes: raise it when an unchanged journal's pages would get other bytes,
+# and the next publish renders every page again (design.md §9.3). FORMAT_STAMP: the house's; none = stale.
 PAGE_FORMAT = 2
 FORMAT_STAMP = ".pages-format"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # Platforms a platform-independent wheel is repeated under in the comfy-env view.
 ANY_PLATFORMS = ("linux_x86_64", "linux_aarch64", "win_amd64")
-
 
 _REGISTRY = re.compile(r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)+")
 
@@ -548,9 +545,8 @@ def packages_files(root: Path, site: Site) -> list[tuple[str, bytes]]:
 
 
 def drop_unlisted(root: Path, site: Site, on_disk: dict[str, str]) -> None:
-    """After a whole-house Site's pages are written: remove the pages found on disk before (`on_disk`,
-    from existing_page_keys) that the Site no longer has, and packages/<project>.json of projects it
-    does not list."""
+    """After a whole-house Site's pages are written: remove the pages on disk before (`on_disk`) it
+    no longer has, and the packages/<project>.json of projects it does not list."""
     remove_pages(root, [k for k in on_disk if k not in site.kind], on_disk)
     listed = site.fragments()
     for path in (root / PACKAGES_DIR).glob("*.json"):
