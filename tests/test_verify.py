@@ -320,6 +320,46 @@ def test_import_errors_fail_unless_a_device_error_is_expected(tmp_path, mod):
     assert other.failed == ["import"]
 
 
+def test_an_import_the_wheels_requirements_do_not_bring_fails_as_in_a_users_fresh_venv(tmp_path, mod):
+    """cumm's case: it imports pccm, which its build environment held but its Requires-Dist did not name,
+    so the gate passed and `import cumm` failed in every user's venv. The gate's interpreter here is this
+    project's venv, which holds PyYAML and requests (and requests' own urllib3)."""
+    uses_yaml = {"probe/__init__.py": b"import yaml\n" + INIT}
+    report = verify_wheel(probe_wheel(tmp_path / "undeclared", mod["8.0"], extra=uses_yaml), expect("8.0"))
+    message = failed_only(report, "import", "No module named 'yaml'", "pyyaml", "requires_dist")
+    assert "yaml" in report.check("import").details["hidden"], message
+    declared = probe_wheel(tmp_path / "declared", mod["8.0"], extra=uses_yaml, requires_dist=("PyYAML>=5",))
+    assert verify_wheel(declared, expect("8.0")).passed
+    # A requirement whose marker excludes this interpreter brings nothing.
+    never = probe_wheel(tmp_path / "marker", mod["8.0"], extra=uses_yaml,
+                        requires_dist=('PyYAML; python_version < "3"',))
+    failed_only(verify_wheel(never, expect("8.0")), "import", "No module named 'yaml'")
+    # What a requirement brings in turn is reachable (requests -> urllib3); the standard library always is.
+    transitive = {"probe/__init__.py": b"import json, urllib3\n" + INIT}
+    via_requests = probe_wheel(tmp_path / "transitive", mod["8.0"], extra=transitive, requires_dist=("requests",))
+    assert verify_wheel(via_requests, expect("8.0")).passed
+    # An optional import behaves as on a machine without it: the fallback is taken.
+    guarded = {"probe/__init__.py": b"try:\n    import yaml\nexcept ImportError:\n    yaml = None\n" + INIT}
+    optional = verify_wheel(probe_wheel(tmp_path / "guarded", mod["8.0"], extra=guarded), expect("8.0"))
+    assert optional.passed and optional.check("import").details["hidden"] == ["yaml"], optional.lines()
+    assert "were hidden: yaml" in optional.check("import").message
+
+
+def test_requirements_are_followed_through_markers_and_extras():
+    from farm.build.verify.declared import Installed, reached
+
+    def dist(name, *requires):
+        return Installed(name, "1", requires, frozenset({name}))
+    dists = {d.name: d for d in (
+        dist("a", "b", 'c; extra == "fast"', 'd; sys_platform == "win32"'),
+        dist("b"), dist("c", "e"), dist("d"), dist("e"), dist("unrelated"))}
+    linux = {"sys_platform": "linux", "python_version": "3.12"}
+    assert reached(["a"], dists, linux) == {"a", "b"}
+    assert reached(["a[fast]"], dists, linux) == {"a", "b", "c", "e"}
+    assert reached(["a"], dists, {**linux, "sys_platform": "win32"}) == {"a", "b", "d"}
+    assert reached(["not-installed", "a; python_version < '3'"], dists, linux) == set()
+
+
 RUNTIME_DECL = "extern int farm_runtime(void);"
 RUNTIME_BODY = "if (farm_runtime() < 0) return NULL;"
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from farm.build.label import installed_path
+from farm.build.verify.declared import Interpreter, hidden_names
 from farm.build.verify.expectation import CheckResult, Expectation
 from farm.build.verify.torchenv import TorchEnv, child_env_base
 from farm.errors import GateCannotRun
-from farm.process import run
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.wheelhouse.wheelfile import Wheel, names_nvidia_wheel
 
@@ -99,6 +99,18 @@ if not line:
     sys.exit(0)
 plan = json.loads(line)
 sys.path.insert(0, plan["path"])
+class Undeclared:   # names the wheel's Requires-Dist does not reach (farm/build/verify/declared.py)
+    def __init__(self, owners):
+        self.owners = owners
+    def find_spec(self, name, path=None, target=None):
+        owner = self.owners.get(name)
+        if owner is None:
+            return None
+        say(event="hidden", module=name, owner=owner)
+        raise ModuleNotFoundError(f"No module named {name!r} (the build environment has {owner}, but the "
+                                  "wheel's Requires-Dist does not bring it: declare it in the recipe's "
+                                  "requires_dist)", name=name)
+sys.meta_path.insert(0, Undeclared(plan.get("hidden", {})))
 for m in plan["modules"]:
     load(m)
 for op in plan["ops"]:
@@ -142,9 +154,11 @@ class ImportChild:
                                      cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
 
-    def run(self, target: Path, modules: list[str], ops: list[str], timeout: float) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) once the child has imported `modules` from `target`."""
-        plan = {"path": str(target), "modules": modules, "ops": ops}
+    def run(self, target: Path, modules: list[str], ops: list[str], timeout: float,
+            hidden: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) once the child has imported `modules` from `target`, with the
+        top-level names `hidden` (name -> the distribution that has it) made unimportable."""
+        plan = {"path": str(target), "modules": modules, "ops": ops, "hidden": hidden or {}}
         try:
             out, err = self.proc.communicate(json.dumps(plan) + "\n", timeout=timeout)
         finally:
@@ -156,14 +170,6 @@ class ImportChild:
             self.proc.kill()
             self.proc.communicate()
         shutil.rmtree(self.cwd, ignore_errors=True)
-
-
-def _python_version(python: Path) -> tuple[int, int]:
-    out = run([python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"])
-    if out.returncode != 0:
-        raise GateCannotRun(f"{python}: cannot run it")
-    a, b = out.stdout.split()
-    return int(a), int(b)
 
 
 def _fits(w: Wheel, version: tuple[int, int]) -> bool:
@@ -265,7 +271,8 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     if knobs.skip_import:
         reason = knobs.skip_import if isinstance(knobs.skip_import, str) else "verify.skip_import"
         return CheckResult("import", "skip", f"waived: {reason}")
-    python = _interpreter(w, exp, torch_env, python)
+    interpreter = _interpreter(w, exp, torch_env, python)
+    python = interpreter.python
     target = w.workdir / "target"
     installed = install_into(w.path, target, python)
     if installed:
@@ -274,6 +281,7 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
         _nvidia_wheels_beside(w, target, torch_env)
 
     modules, skipped, absent = _modules_to_import(w, knobs)
+    hidden = hidden_names(w.requires_dist(), _own_names(w, target), exp.links_torch, interpreter)
     if knobs.needs_driver and exp.platform == "windows":
         raise GateCannotRun("verify.needs_driver: the driver stub the import check loads is a Linux libcuda.so; "
                             "a Windows wheel's import would need the host's nvcuda.dll, which a build host lacks")
@@ -282,7 +290,7 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     if child is None or child.python != python or child.import_torch != exp.links_torch or stub is not None:
         child = ImportChild(python, exp.links_torch, library_path=stub)
     try:
-        returncode, stdout, stderr = child.run(target, modules, list(knobs.expect_ops), IMPORT_TIMEOUT)
+        returncode, stdout, stderr = child.run(target, modules, list(knobs.expect_ops), IMPORT_TIMEOUT, hidden)
     except subprocess.TimeoutExpired:
         return CheckResult("import", "fail", f"imports did not finish in {IMPORT_TIMEOUT}s",
                            {"modules": modules})
@@ -301,7 +309,10 @@ def check_import(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     if forgiven and not problems:
         return CheckResult("import", "pass", f"imported {len(imported)} module(s); device errors forgiven "
                                              f"(verify.expect_device_error): {'; '.join(forgiven)}", details)
+    refused = sorted({e["module"] for e in events if e["event"] == "hidden"})
+    details["hidden"] = refused
     ok = f"imported {', '.join(imported) or 'nothing'} with CUDA_VISIBLE_DEVICES=''" + (
+        f"; optional imports its Requires-Dist does not bring were hidden: {', '.join(refused)}" if refused else "") + (
         f"; not imported directly (verify.no_direct_import): {', '.join(skipped)}" if skipped else "") + (
         f"; named in top_level.txt but not in the wheel: {', '.join(absent)}" if absent else "")
     return CheckResult.of("import", problems, [], ok, details)
@@ -325,7 +336,12 @@ def import_installed(python: Path, links_torch: bool, w: Wheel, knobs: VerifyKno
     return problems
 
 
-def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None) -> Path:
+def _own_names(w: Wheel, target: Path) -> set[str]:
+    """The top-level names the installed wheel provides (with what was linked beside it)."""
+    return {p.split("/", 1)[0].split(".", 1)[0] for p in _installed_paths(w)} | {e.name for e in target.iterdir()}
+
+
+def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python: Path | None) -> Interpreter:
     """The Python the wheel is imported with: the torch environment's, else `python`, else this one.
     GateCannotRun when there is none that fits the wheel (or a torch-linked wheel has no torch)."""
     if exp.links_torch and torch_env is None:
@@ -334,12 +350,13 @@ def _interpreter(w: Wheel, exp: Expectation, torch_env: TorchEnv | None, python:
     if torch_env is not None:
         python = torch_env.python
     python = Path(python or sys.executable)
-    version = _python_version(python)
+    interpreter = Interpreter.probe(python)
+    version = interpreter.version
     if not _fits(w, version):
         raise GateCannotRun(f"{w.path.name} does not install on {python} (Python {version[0]}.{version[1]})")
     if exp.links_torch and torch_env is not None and torch_env.torch_dir is None:   # None: refused above
         raise GateCannotRun(f"{python}: no torch in this environment")
-    return python
+    return interpreter
 
 
 def _modules_to_import(w: Wheel, knobs: VerifyKnobs) -> tuple[list[str], list[str], list[str]]:
