@@ -237,6 +237,9 @@ def budget_bytes() -> int | None:
 
 
 PENDING = ".pending"   # reservations: bytes writers are about to put into the cache (room_for)
+# A reservation's payload starts after one padding byte: a Windows lock (farm/filelock.py) covers the
+# file's first byte, and reading a byte another process has locked there fails.
+RESERVATION_PAD = b" "
 
 
 @contextmanager
@@ -253,7 +256,7 @@ def room_for(entry: Path, nbytes: int, root: Path | None = None, log=None, keep:
     fd = os.open(folder / f".{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         lock_fd(fd)   # before the name readers look at: a visible reservation is always a held one
-        os.write(fd, json.dumps({"entry": os.path.relpath(entry, root), "bytes": nbytes}).encode())
+        os.write(fd, RESERVATION_PAD + json.dumps({"entry": os.path.relpath(entry, root), "bytes": nbytes}).encode())
         os.replace(folder / f".{name}", folder / name)
         enforce_budget(root, log=log, keep=keep)
         yield
@@ -276,6 +279,7 @@ def reservations(root: Path | None = None) -> dict[Path, int]:
         except FileNotFoundError:
             continue
         try:
+            os.lseek(fd, len(RESERVATION_PAD), os.SEEK_SET)   # past the byte a Windows lock covers
             data = json.loads(os.read(fd, 4096) or b"{}")
             if lock_fd(fd, shared=True, blocking=False):   # nobody holds it: its writer died
                 path.unlink(missing_ok=True)

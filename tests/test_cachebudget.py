@@ -3,6 +3,7 @@ under FARM_CACHE_BUDGET_GB, never while another process uses them (real flock, r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -143,6 +144,9 @@ def test_room_is_made_for_every_writers_reservation_before_each_writes(tmp_path,
         assert holder.stdout.readline().strip() == "held"   # 2 MiB + its 1 MiB fit in 3.5: nothing went
         assert all(e.exists() for e in entries)
         assert C.reservations(tmp_path) == {tmp_path / "envs" / "other": mib}
+        # a Windows lock covers the file's first byte, which a reader may not read: no payload there
+        (held,) = (tmp_path / C.PENDING).iterdir()
+        assert held.read_bytes()[:1] == C.RESERVATION_PAD and json.loads(held.read_bytes()[1:])["bytes"] == mib
         mine = tmp_path / "envs" / "mine"
         mine.mkdir()
         with C.room_for(mine, mib, tmp_path):
