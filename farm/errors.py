@@ -164,13 +164,6 @@ class IndexUnreachable(DownloadFailed):
     exit_code = 1
 
 
-class TorchOutOfReach(FarmError):
-    """check-oldland: the cell's torch is neither in the downloads folder nor reachable, so the wheel
-    cannot be checked here (a skip, not the wheel's failure)."""
-
-    exit_code = 1
-
-
 class EnvironmentFailed(FarmError):
     """The cell's Python/torch environment could not be made or does not run."""
 

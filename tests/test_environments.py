@@ -64,6 +64,39 @@ def test_an_unreachable_torch_index_is_reported_in_one_line(monkeypatch, tmp_pat
     assert "unreachable" in msg
 
 
+def test_an_index_that_answers_with_an_error_is_asked_once_per_download(monkeypatch, tmp_path):
+    """A PyTorch index answering 503 on 127.0.0.1: the download asks it once (HEAD) and stops there, in one
+    line naming the status, the index and the requirement, before pip runs."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            asked.append(self.path)
+            self.send_response(503)
+            self.end_headers()
+        do_GET = do_HEAD
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("FARM_TORCH_INDEX_URL", f"http://127.0.0.1:{server.server_port}/whl")
+        req = E.EnvRequest(python="3.11", torch_pin="2.13.0", cuda="12.8")
+        with pytest.raises(EnvironmentFailed) as err:
+            E.download_environment(req, root=tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    msg = str(err.value)
+    assert asked == ["/whl/cu128/"], asked
+    assert "\n" not in msg and "HTTP 503" in msg and "torch==2.13.0" in msg and "FARM_TORCH_INDEX_URL" in msg
+
+
 def test_a_project_with_only_an_sdist_is_built_into_a_pure_wheel_here_and_resolved_with_its_deps(tmp_path):
     # fvcore publishes no wheel at all; its dependencies (yacs, tabulate, ...) do
     got = D.download(["fvcore==0.1.5.post20221221"], python="3.12", platform="linux", glibc="2.36", root=tmp_path)

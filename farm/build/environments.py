@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm import cachebudget, settings
 from farm.build.downloads import PYPI_SIMPLE, DownloadSet, Index, download, find_manifest, isolated_pip_env
-from farm.errors import BadInput, EnvironmentFailed, TorchMismatch
+from farm.errors import BadInput, EnvironmentFailed, IndexUnreachable, TorchMismatch
 from farm.process import CompletedProcess, last_useful_lines, run
 from farm.settings import cache_dir, defaults_dir, display
 from farm.versions import cuda_tag, minor_of, vtuple
@@ -183,15 +183,17 @@ def _torch_requirement(req: EnvRequest) -> str:
     return f"torch=={req.torch_pin}"
 
 
-def _check_index(index: Index, req: EnvRequest) -> None:
-    if index.url == PYPI_SIMPLE:
-        return
-    why = index.reachable()
-    if why is not None:
+def _download_for_cell(reqs: list[str], req: EnvRequest, index: Index, log: Callable[[str], None] | None,
+                       root: Path | None, constraints: list[str] | None = None) -> DownloadSet:
+    """download() for the cell's target; a PyTorch index that does not answer (download() asks it once)
+    becomes the one line that says why the cell needs it."""
+    try:
+        return download(reqs, python=req.python, platform=req.platform, glibc=req.glibc,
+                        constraints=constraints or (), index=index, log=log, root=root)
+    except IndexUnreachable as exc:
         raise EnvironmentFailed(
             f"torch {req.torch_pin} for CUDA {req.cuda} on {req.platform} is not PyPI's default build, so it "
-            f"comes from the PyTorch index {index.url} (FARM_TORCH_INDEX_URL), which is unreachable from "
-            f"here: {why}")
+            f"comes from the PyTorch index (FARM_TORCH_INDEX_URL), and {exc}") from None
 
 
 def download_environment(req: EnvRequest, *, log: Callable[[str], None] | None = None, root: Path | None = None) -> DownloadSet:
@@ -201,9 +203,7 @@ def download_environment(req: EnvRequest, *, log: Callable[[str], None] | None =
     hit = find_manifest(reqs, python=req.python, platform=req.platform, glibc=req.glibc, index=index, root=root)
     if hit is not None:
         return hit
-    _check_index(index, req)
-    return download(reqs, python=req.python, platform=req.platform, glibc=req.glibc, index=index, log=log,
-                    root=root)
+    return _download_for_cell(reqs, req, index, log, root)
 
 
 def for_target(requirements: Iterable[str] | None, req: EnvRequest) -> list[str]:
@@ -237,9 +237,7 @@ def download_build_deps(req: EnvRequest, build_deps: Iterable[str], *, log: Call
                         index=index, root=root)
     if hit is not None:
         return hit
-    _check_index(index, req)
-    return download(deps, python=req.python, platform=req.platform, glibc=req.glibc, constraints=cons,
-                    index=index, log=log, root=root)
+    return _download_for_cell(deps, req, index, log, root, constraints=cons)
 
 
 # ---------------------------------------------------------------- target side

@@ -30,7 +30,7 @@ from farm.build.downloads import download, unmet_for_target
 from farm.build.environments import torch_index
 from farm.build.verify.importcheck import _CHILD, _event_problems, _modules_to_import, libcuda_stub_dir
 from farm.cachebudget import downloads_in_use
-from farm.errors import BadInput, FarmError, IndexUnreachable, TorchOutOfReach
+from farm.errors import BadInput, FarmError, IndexUnreachable
 from farm.recipes.model import Verify as VerifyKnobs
 from farm.runners.engine import Engine, Mount
 from farm.runners.oldland import SUITE, CPythonSource, Oldland, ensure_oldland
@@ -129,13 +129,9 @@ def fetch_requirements(wheel: Path, entry: ManifestEntry, python: str, glibc: st
     (numpy, say): a user's pip takes those from PyPI, which the container does not reach, so they must
     be in the downloads folder its pip finds links in. An earlier build's torch may have been evicted.
     A torch the folder already holds for this target is taken from there, whatever the network."""
-    if entry.torch:
-        try:
-            download([f"torch=={entry.torch}.*"], python=python, platform="linux", glibc=glibc,
-                     index=torch_index(entry.torch, entry.cuda), root=cache)
-        except IndexUnreachable as exc:
-            raise TorchOutOfReach(f"not checked here: torch {entry.torch} for CUDA {entry.cuda} is in no downloads "
-                                  f"folder for Python {python}, and {exc} (FARM_TORCH_INDEX_URL)") from None
+    if entry.torch:   # IndexUnreachable when it is in no downloads folder and its index does not answer
+        download([f"torch=={entry.torch}.*"], python=python, platform="linux", glibc=glibc,
+                 index=torch_index(entry.torch, entry.cuda), root=cache)
     wanted = [r for r in unmet_for_target([wheel], python, "linux")
               if canonicalize_name(Requirement(r).name) not in served | {"torch"}]
     if wanted:
@@ -158,8 +154,9 @@ def check_wheel(engine: Engine, image: Oldland, entry: ManifestEntry, wheel: Pat
         return result
     try:
         fetch_requirements(wheel, entry, python, image.glibc, served, cache)
-    except TorchOutOfReach as exc:   # the network's limit, not the wheel's: a skip with its reason
-        result.reason = str(exc)
+    except IndexUnreachable as exc:   # the network's limit, not the wheel's: a skip with its reason
+        result.reason = (f"not checked here: torch {entry.torch} for CUDA {entry.cuda} is in no downloads folder "
+                         f"for Python {python}, and {exc} (FARM_TORCH_INDEX_URL)")
         return result
     with tempfile.TemporaryDirectory(prefix="farm-oldland-check-") as tmp:
         check = Path(tmp)
