@@ -117,16 +117,29 @@ if [ -d "$SYSROOT/usr/lib/gcc" ]; then
     for pair in gcc:gcc cc:gcc g++:g++ c++:g++; do
         # Only the C++ drivers link the shim, and only when they link (-o or -shared, no -c/-S/-E/-M):
         # an archive on a compile-only command line draws a warning, on `g++ -v` alone a link of nothing.
+        # The linker takes an archive's members only for what is still undefined where the archive
+        # stands, and never what a shared libstdc++ already defined: a build's own -lstdc++ ahead of the
+        # shim would win. g++ links libstdc++ after everything anyway, so that one is dropped (the
+        # arguments are rotated through "$@"). -nostdlib/-nodefaultlibs links are left as they are.
         floor=""
         if [ "${pair#*:}" = "g++" ]; then
             floor='link=""
 for arg; do
     case "$arg" in
-        -c|-S|-E|-M|-MM|-fsyntax-only) link=""; break ;;
+        -c|-S|-E|-M|-MM|-fsyntax-only|-nostdlib|-nodefaultlibs|-nostdlib++) link=""; break ;;
         -o*|-shared) link=1 ;;
     esac
 done
-[ -n "$link" ] && set -- "$@" '"$TOOLCHAIN"'/lib/libfarm-floor.a -Wl,--exclude-libs,libfarm-floor.a'
+if [ -n "$link" ]; then
+    for arg; do
+        shift
+        case "$arg" in
+            -lstdc++|-l:libstdc++.so*) ;;
+            *) set -- "$@" "$arg" ;;
+        esac
+    done
+    set -- "$@" '"$TOOLCHAIN"'/lib/libfarm-floor.a -Wl,--exclude-libs,libfarm-floor.a
+fi'
         fi
         cat > "$TOOLCHAIN/bin/${pair%%:*}" <<WRAPPER
 #!/bin/sh

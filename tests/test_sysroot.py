@@ -231,11 +231,15 @@ def test_members_gcc_9_and_10_added_to_libstdcxx_are_linked_locally_below_torchs
     flags = f"-std=c++17 -O0 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI={abi} /t/floor.cpp"
     bare = f"$(ls {sysroot}/usr/bin/g++-[0-9]* | head -n 1) --sysroot={sysroot}"
     probe = 'import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).farm_floor(21))'
+    # A build that names libstdc++ itself (setup.py's extra_link_args=["-lstdc++"], ahead of the shim
+    # were the shim only appended) gets the same floor.
     out = ensure_engine().output(image.ref, ["sh", "-c", " && ".join([
         f"{bare} {flags} -o /t/bare.so", f"{tc}/g++ {flags} -o /t/floor.so",
-        f"python3 -c '{probe}' /t/floor.so"])], network=False, mounts=[Mount(tmp_path, "/t")])
+        f"{tc}/g++ -std=c++17 -O0 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI={abi} -lstdc++ /t/floor.cpp -lstdc++ "
+        "-o /t/explicit.so", f"python3 -c '{probe}' /t/floor.so"])], network=False, mounts=[Mount(tmp_path, "/t")])
     assert needed_versions(tmp_path / "bare.so")["GLIBCXX"] == (3, 4, 26)   # what the shim has to undo
     assert needed_versions(tmp_path / "floor.so")["GLIBCXX"] <= (3, 4, 24)
+    assert needed_versions(tmp_path / "explicit.so")["GLIBCXX"] <= (3, 4, 24)
     # the shim's members stay inside the extension: it exports nothing the bare link did not
     shim_members = {"_ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev",
                     "_ZNSt18basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev"}
