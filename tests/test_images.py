@@ -165,6 +165,11 @@ def test_prune_removes_superseded_images_and_files_and_keeps_what_current_builds
     current_layer = f"{LAYER_REPO}:{host_arch()}-111111111111"   # a layer over the current builder stays
     (tmp_path / "Dockerfile").write_text(f"FROM {image.ref}\nLABEL farm.layer-of={image.id}\n")
     engine.build(tmp_path, current_layer, dockerfile=tmp_path / "Dockerfile", arch=host_arch(), network=False)
+    # A superseded builder another checkout's build still runs on: kept, said, and no failure.
+    busy = f"{images.BUILDER_REPO}:{host_arch()}-000000000001"
+    (tmp_path / "Dockerfile").write_text(f"FROM {image.ref}\nLABEL farm.test-busy=1\n")
+    engine.build(tmp_path, busy, dockerfile=tmp_path / "Dockerfile", arch=host_arch(), network=False)
+    holder = engine.create(busy, ["true"], network=False)
     old_tarball = images.images_dir() / f"base-{images.SUITE}-{host_arch()}-{'0' * 16}.tar"
     old_tarball.write_bytes(b"")
     old_record = images.images_dir() / "records" / f"{host_arch()}-{'0' * 16}.json"
@@ -180,13 +185,15 @@ def test_prune_removes_superseded_images_and_files_and_keeps_what_current_builds
         done = farm_cli("images", "prune")
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"removed {old_builder}" in done.stdout and f"removed {old_layer}" in done.stdout
+        assert f"kept {busy}: " in done.stdout and "in use" in done.stdout and engine.image_id(busy)
         assert engine.image_id(old_builder) is None and engine.image_id(old_layer) is None
         assert not old_tarball.exists() and not old_record.exists()
         assert engine.image_id(image.ref) == image.id and engine.image_id(current_layer)
         assert images.load_image(host_arch(), engine) is not None   # the current record stays
         assert image.ref not in farm_cli("images", "prune", "--dry-run").stdout
     finally:
-        for ref in (old_builder, old_layer, current_layer):
+        engine.rm(holder)
+        for ref in (old_builder, old_layer, current_layer, busy):
             engine.remove_image(ref)
         old_tarball.unlink(missing_ok=True)
         old_record.unlink(missing_ok=True)

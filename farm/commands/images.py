@@ -103,13 +103,15 @@ def setup_qemu_command(args) -> int:
 
 def prune_command(args) -> int:
     """Each superseded builder image (docker/ or the base changed), package layer over one, base image and
-    base tarball is ~0.6 GB that no build will use again; a ref a container still holds stays, said."""
+    base tarball is ~0.6 GB that no build will use again. A ref a container still holds (another
+    checkout's build running on it) stays, said, and is no failure, as with `docker image prune`; any
+    other refusal of the engine is (exit 1)."""
     engine = Engine.detect()
     found = images.stale(engine)
     refused = 0
     for ref in found.refs:
         why = None if args.dry_run else engine.remove_image(ref)
-        if why:
+        if why and "in use" not in why:
             refused += 1
         print(f"{'would remove' if args.dry_run else 'kept' if why else 'removed'} {ref}" + (f": {why}" if why else ""))
     for path in found.files:
