@@ -72,6 +72,9 @@ def write_recipes(root: Path, dep_links_torch: bool = True) -> Path:
     (recipes / "farm_needs_dep.yml").write_text(
         f"name: farm_needs_dep\nsource:\n  path: {src}\nversion: '0.1.0'\nlinks_torch: true\nplatforms: [linux]\n"
         f"{COMBOS}build_requires_farm: [farm_dep]\nmax_jobs: 1\n"
+        # farm_needs_dep imports farm_dep at run time, so its wheel must say so (the gate imports it as
+        # a user's fresh venv would, design.md §7.7)
+        f"requires_dist: [farm_dep]\n"
         f"verify:\n  import_names: [farm_needs_dep]\n{SKIP_ARCH}")
     return recipes
 
