@@ -114,6 +114,12 @@ if [ -d "$SYSROOT/usr/lib/gcc" ]; then
     run $driver -std=c++17 -O2 -fPIC -D_GLIBCXX_USE_CXX11_ABI=0 -c "$shim_src" -o "$TOOLCHAIN/lib/floor-cxx98.o"
     run ar rcs "$TOOLCHAIN/lib/libfarm-floor.a" "$TOOLCHAIN/lib/floor-cxx11.o" "$TOOLCHAIN/lib/floor-cxx98.o"
     rm -f "$TOOLCHAIN/lib/floor-cxx11.o" "$TOOLCHAIN/lib/floor-cxx98.o"
+    # Every compile force-includes the libm floor (docker/glibc-floor.h); a preprocess-only run (-E, -M,
+    # -MM) does not, since nvcc compiles its -E output again with -c and the header would then be there twice.
+    libm_floor='libm_floor="-include /usr/local/share/farm/glibc-floor.h"
+for arg; do
+    case "$arg" in -E|-M|-MM) libm_floor=""; break ;; esac
+done'
     for pair in gcc:gcc cc:gcc g++:g++ c++:g++; do
         # Only the C++ drivers link the shim, and only when they link (-o or -shared, no -c/-S/-E/-M):
         # an archive on a compile-only command line draws a warning, on `g++ -v` alone a link of nothing.
@@ -145,9 +151,10 @@ fi'
 #!/bin/sh
 # The farm's host compiler (design.md §6.4): gcc $major on the sysroot's glibc and libstdc++.
 # $versions
+$libm_floor
 $floor
 exec $SYSROOT/usr/bin/${pair#*:}-$major --sysroot=$SYSROOT -L$SYSROOT/usr/lib/$triplet -L$SYSROOT/usr/lib \\
-    -idirafter /usr/include/$triplet -idirafter /usr/include "\$@"
+    -idirafter /usr/include/$triplet -idirafter /usr/include \$libm_floor "\$@"
 WRAPPER
         chmod 755 "$TOOLCHAIN/bin/${pair%%:*}"
     done

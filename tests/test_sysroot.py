@@ -125,6 +125,14 @@ def test_the_sysroot_enters_the_base_and_builder_keys(monkeypatch):
     assert images.builder_key("x86_64", images.base_ref("x86_64")) != builder
 
 
+def test_the_floor_files_enter_the_builder_key(monkeypatch, tmp_path):
+    builder = images.builder_key("x86_64", images.base_ref("x86_64"))
+    edited = tmp_path / "glibc-floor.h"
+    edited.write_bytes(images.LIBM_FLOOR.read_bytes() + b"/* edited */\n")
+    monkeypatch.setattr(images, "LIBM_FLOOR", edited)
+    assert images.builder_key("x86_64", images.base_ref("x86_64")) != builder
+
+
 # ----- the real image ------------------------------------------------------------------
 
 # pthread_key_create moved into libc in glibc 2.34 (GLIBC_2.34 there, GLIBC_2.2.5 in bullseye's
@@ -246,3 +254,70 @@ def test_members_gcc_9_and_10_added_to_libstdcxx_are_linked_locally_below_torchs
     assert not exported_symbols(tmp_path / "floor.so") - exported_symbols(tmp_path / "bare.so")
     assert not shim_members & exported_symbols(tmp_path / "floor.so")
     assert out.split()[-1] == "15"   # "nullptr" + "abc" + "abc" + "42"
+
+
+def bound_versions(so: Path) -> dict[str, str]:
+    """The version each undefined dynamic symbol of an ELF file is bound at ("exp" -> "GLIBC_2.29")."""
+    with open(so, "rb") as fh:
+        elf = ELFFile(fh)
+        names = {aux["vna_other"]: aux.name
+                 for _, auxes in elf.get_section_by_name(".gnu.version_r").iter_versions() for aux in auxes}
+        versym = elf.get_section_by_name(".gnu.version")
+        return {sym.name: names.get(versym.get_symbol(i)["ndx"], "")
+                for i, sym in enumerate(elf.get_section_by_name(".dynsym").iter_symbols())
+                if sym.name and sym["st_shndx"] == "SHN_UNDEF"}
+
+
+LIBM_FUNCTIONS = ("exp", "exp2", "log", "log2", "pow", "expf", "exp2f", "logf", "log2f", "powf")
+LIBM_C = r"""
+#include <math.h>
+#ifdef __cplusplus
+extern "C"
+#endif
+double farm_libm(double x) {
+    float f = (float)x;
+    return exp(x) + exp2(x) + log(x) + log2(x) + pow(x, x) + expf(f) + exp2f(f) + logf(f) + log2f(f) + powf(f, f);
+}
+"""
+LIBM_CU = r"""
+#include <math.h>
+__global__ void scale(float *x) { x[threadIdx.x] = expf(x[threadIdx.x]); }
+extern "C" double farm_host(double x) { return exp(x) + log(x) + powf((float)x, 1.5f); }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.container
+def test_libm_calls_bind_their_first_glibc_versions_through_the_toolchain(image, tmp_path):
+    """glibc 2.27 and 2.29 re-versioned exp, log, pow and kin: the sysroot's bare gcc binds those versions
+    (above torch's manylinux_2_28; pyg_lib's METIS code did), the toolchain's wrappers bind the first ones
+    (docker/glibc-floor.h) for C, C++ and nvcc's host code alike, and the results are the same."""
+    from farm.build.provision import provision_toolkit
+
+    toolkit = provision_toolkit("13.0", host_arch(), source="pypi")
+    (tmp_path / "libm.c").write_text(LIBM_C)
+    (tmp_path / "host.cu").write_text(LIBM_CU)
+    tc, sysroot = image.toolchain["bin"], image.toolchain["sysroot"]
+    bare = f"$(ls {sysroot}/usr/bin/gcc-[0-9]* | head -n 1) --sysroot={sysroot}"
+    probe = 'import ctypes, sys; f = ctypes.CDLL(sys.argv[1]).farm_libm; f.restype = ctypes.c_double; print(repr(f(ctypes.c_double(3.0))))'
+    out = ensure_engine().output(image.ref, ["sh", "-c", " && ".join([
+        f"{bare} -O2 -shared -fPIC /t/libm.c -o /t/bare.so -lm",
+        f"{tc}/gcc -O2 -shared -fPIC /t/libm.c -o /t/c.so -lm",                     # compile and link at once
+        f"{tc}/g++ -O2 -fPIC -x c++ -c /t/libm.c -o /t/cxx.o", f"{tc}/g++ -shared /t/cxx.o -o /t/cxx.so",
+        f"{toolkit.nvcc} -ccbin {tc} -gencode arch=compute_80,code=sm_80 -Xcompiler -fPIC -c /t/host.cu -o /t/host.o",
+        f"{tc}/g++ -shared /t/host.o -o /t/cu.so",
+        f"{tc}/gcc -E /t/libm.c > /t/libm.i",
+        f"python3 -c '{probe}' /t/bare.so", f"python3 -c '{probe}' /t/c.so", f"python3 -c '{probe}' /t/cxx.so"])],
+        network=False, mounts=[Mount(tmp_path, "/t"), Mount(toolkit.home, str(toolkit.home), read_only=True)])
+    first = "GLIBC_2.2.5" if host_arch() == "x86_64" else "GLIBC_2.17"
+    bare_versions = bound_versions(tmp_path / "bare.so")
+    assert bare_versions["exp"] == "GLIBC_2.29" and bare_versions["expf"] == "GLIBC_2.27"   # what the header undoes
+    for so in ("c.so", "cxx.so"):
+        versions = bound_versions(tmp_path / so)
+        assert {versions[name] for name in LIBM_FUNCTIONS} == {first}, (so, versions)
+        assert needed_versions(tmp_path / so)["GLIBC"] < (2, 27), so
+    host = bound_versions(tmp_path / "cu.so")
+    assert {host["exp"], host["log"], host["powf"]} == {first}, host
+    assert "symver" not in (tmp_path / "libm.i").read_text()   # preprocessing alone leaves the header out
+    results = out.split()[-3:]
+    assert len(set(results)) == 1 and float(results[0]) > 40, results   # the same numbers, old versions or new

@@ -43,6 +43,7 @@ DOCKER_DIR = PROJECT_ROOT / "docker"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 INSTALL_SCRIPT = DOCKER_DIR / "install-deps.sh"
 FLOOR_SHIM = DOCKER_DIR / "libstdcxx-floor.cpp"   # the toolchain's libstdc++ floor shim (design.md §8.3)
+LIBM_FLOOR = DOCKER_DIR / "glibc-floor.h"          # the libm symbol versions every compile binds (§8.3)
 ARCHES = ("x86_64", "aarch64")
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 SUITE = "bookworm"
@@ -346,10 +347,10 @@ class Image:
 
 def builder_key(arch: str, base: str, cuda: str = "") -> str:
     """Hash of everything the image and its record come from: base recipe, Dockerfile,
-    install script, the toolchain's floor shim, and the platform probe (which decides the recorded tag)."""
+    install script, the toolchain's floor files, and the platform probe (which decides the recorded tag)."""
     base_part = base_key(arch) + sysroot_key(arch) if base.startswith(f"{BASE_REPO}:") else base
-    return sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), FLOOR_SHIM.read_bytes(), _PLAT_PROBE_CPP, cuda, arch,
-                str(_RECORD_VERSION))[:16]
+    return sha(base_part, DOCKERFILE.read_bytes(), INSTALL_SCRIPT.read_bytes(), FLOOR_SHIM.read_bytes(),
+               LIBM_FLOOR.read_bytes(), _PLAT_PROBE_CPP, cuda, arch, str(_RECORD_VERSION))[:16]
 
 
 def builder_ref(arch: str, key: str) -> str:
