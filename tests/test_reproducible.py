@@ -335,6 +335,44 @@ def test_sibling_cells_share_cuda_objects_through_their_prefix_maps(toolkit, tmp
     assert stats[0]["misses"] == 1 and stats[1]["hits"] == 1, stats
 
 
+CMAKE_PROJECT = """cmake_minimum_required(VERSION 3.18)
+project(farm_cached LANGUAGES C CXX CUDA)
+add_library(farm_cached SHARED a.c b.cpp k.cu)
+"""
+
+
+def test_a_cmake_build_compiles_through_the_cache_and_a_rebuild_in_a_new_folder_hits(toolkit, tmp_path):
+    """A CMake project (pyg_lib's shape) never reads PYTORCH_NVCC: the cache reaches its C, C++ and CUDA
+    compiles through CMAKE_<LANG>_COMPILER_LAUNCHER. A second configure and build in a fresh build folder
+    (a resumed cell) is served every object."""
+    from farm.build.ccache import CMAKE_LAUNCHERS, ensure_ccache
+
+    assert ensure_ccache(log=lambda _: None), "the farm installs ccache where it can"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(CMAKE_PROJECT)
+    (src / "a.c").write_text("int a(int x) { return x + 1; }\n")
+    (src / "b.cpp").write_text("#include <string>\nint b() { return (int)std::string(\"abc\").size(); }\n")
+    (src / "k.cu").write_text(KERNEL.replace("VALUE", "3"))
+    stats = []
+    for build in ("build-1", "build-2"):
+        env = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}", "CUDACXX": str(toolkit.nvcc),
+               **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(tmp_path),
+                           stats_log=str(tmp_path / f"{build}.log"))}
+        assert resolve_in_step(env, toolkit.nvcc)["active"]
+        subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / build), "-DCMAKE_CUDA_ARCHITECTURES=80"],
+                       env=env, check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(tmp_path / build)], env=env, check=True, capture_output=True)
+        stats.append(read_stats_log(tmp_path / f"{build}.log"))
+    # CMake's own compiler checks go through it too; the project's three files are the ones that count
+    outcomes = [{Path(f).name: o for f, o in build["files"].items() if Path(f).parent.name == "src"} for build in stats]
+    assert outcomes == [dict.fromkeys(["a.c", "b.cpp", "k.cu"], "miss"), dict.fromkeys(["a.c", "b.cpp", "k.cu"], "hit")]
+    # without ccache in the runner the launchers go with the rest of the cache's settings
+    bare = {"PATH": "/nonexistent", **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"))}
+    assert resolve_in_step(bare, toolkit.nvcc) == {"active": False, "why": "no ccache on the runner's PATH"}
+    assert not set(CMAKE_LAUNCHERS) & set(bare)
+
+
 def test_nvcc_in_a_pid_namespace_of_its_own_names_its_intermediate_file_the_same_every_time(toolkit, tmp_path):
     (tmp_path / "k.cu").write_text(KERNEL)
     env: dict[str, str] = {}

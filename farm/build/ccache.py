@@ -9,6 +9,9 @@ What the farm decides, explicitly, and records in every build record (`compiler_
   leaves that wrapper on, so a binding that includes torch hits on a rebuild on the same Python
   too, with the same CCACHE_* settings. With the cache off the farm sets
   `TORCH_NO_COMPILER_WRAPPER=1` and `CCACHE_DISABLE=1`: an image's ccache never acts silently.
+- CMake builds (pyg_lib, a scikit-build-core project) go through `CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER`
+  (CMake 3.17 and later read them from the environment): they use neither torch's ninja files nor
+  PYTORCH_NVCC, and their compiles were never looked up;
 - one CCACHE_DIR per (CUDA, torch) group under cache_dir()/ccache (mounted at
   /farm/cache/ccache in containers): objects of one group never serve another;
 - CCACHE_BASEDIR = the cell's work dir, CCACHE_NOHASHDIR, and sloppiness for what changes between
@@ -42,6 +45,7 @@ TOOL = "ccache"
 NVCC_PLACEHOLDER = "{NVCC}"
 MAX_SIZE = "5G"   # per group; ccache evicts least recently used objects past it
 SLOPPINESS = "include_file_mtime,include_file_ctime,time_macros,file_macro,pch_defines,locale"
+CMAKE_LAUNCHERS = tuple(f"CMAKE_{language}_COMPILER_LAUNCHER" for language in ("C", "CXX", "CUDA"))
 
 
 def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
@@ -78,6 +82,7 @@ def cache_env(*, enabled: bool, ccache_dir: str = "", basedir: str = "", stats_l
         return {"TORCH_NO_COMPILER_WRAPPER": "1", "CCACHE_DISABLE": "1"}
     return {
         "PYTORCH_NVCC": f"{TOOL} {NVCC_PLACEHOLDER}",
+        **{launcher: TOOL for launcher in CMAKE_LAUNCHERS},
         "CCACHE_DIR": ccache_dir,
         "CCACHE_BASEDIR": basedir,
         "CCACHE_NOHASHDIR": "1",
@@ -94,6 +99,7 @@ def decision(enabled: bool, group: str | None = None) -> dict[str, Any]:
     if not enabled:
         return {"enabled": False, "torch_wrapper": "off (TORCH_NO_COMPILER_WRAPPER=1)", "nvcc": "nvcc"}
     return {"enabled": True, "tool": TOOL, "group": group, "nvcc": f"PYTORCH_NVCC={TOOL} <toolkit nvcc>",
+            "cmake": f"CMAKE_{{C,CXX,CUDA}}_COMPILER_LAUNCHER={TOOL}",
             "torch_wrapper": "on (torch prepends ccache to the C++ compiler; TORCH_NO_COMPILER_WRAPPER unset)"}
 
 
@@ -103,7 +109,7 @@ def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict[str, Any]:
         return {"active": False}
     exe = shutil.which(TOOL, path=env.get("PATH"))
     if exe is None:
-        for key in [k for k in env if k.startswith("CCACHE_")] + ["PYTORCH_NVCC"]:
+        for key in [k for k in env if k.startswith("CCACHE_")] + ["PYTORCH_NVCC", *CMAKE_LAUNCHERS]:
             env.pop(key, None)
         env.update(cache_env(enabled=False))
         return {"active": False, "why": "no ccache on the runner's PATH"}
