@@ -32,7 +32,9 @@ from farm.errors import GateCannotRun
 from farm.process import run
 
 # What the child's interpreter is: its version, the folders it imports from, its standard library's
-# names (3.10 on) and the values PEP 508 markers are evaluated against.
+# names (3.10 on) and the values PEP 508 markers are evaluated against: those of the child itself, as
+# packaging's default_environment() computes them, written out since the child need not have packaging
+# (farm.platforms.marker_environment is another thing: a cell's target, guessed on the host).
 _PROBE = r"""
 import json, os, platform, sys
 impl = sys.implementation
@@ -89,9 +91,9 @@ def installed_distributions(path: Iterable[str]) -> dict[str, Installed]:
     out: dict[str, Installed] = {}
     for dist in importlib.metadata.distributions(path=list(path)):
         name = dist.metadata["Name"]
-        if not name or canonicalize_name(name) in out:
+        key = canonicalize_name(name) if name else ""
+        if not key or key in out:
             continue
-        key = canonicalize_name(name)
         out[key] = Installed(key, dist.version, tuple(dist.requires or ()), frozenset(_top_level_names(dist)))
     return out
 
