@@ -157,6 +157,14 @@ def test_check_install_refuses_an_unknown_installer_and_an_empty_house_in_one_li
     empty = run_farm("check-install", "--wheelhouse", str(house))
     assert empty.returncode == 2 and "publishes no wheel" in empty.stderr and empty.stderr.count("\n") == 1
     assert not (house / "install-matrix.json").exists()
+    # torch-free wheels only (cumm's shape): the line says what is there and what gives them a channel
+    free_house = tmp_path / "free-wh"
+    publish([make_wheel(tmp_path / "free", "farm_free_pkg", "0.1.0+cu130", tags="cp311-cp311-manylinux_2_28_x86_64")],
+            free_house)
+    free = run_farm("check-install", "--wheelhouse", str(free_house))
+    assert free.returncode == 2 and free.stderr.count("\n") == 1, free.stderr
+    assert "only torch-free wheels (farm-free-pkg; cu130)" in free.stderr and "config.json's channels" in free.stderr
+    assert not (free_house / "install-matrix.json").exists()
 
 
 def test_cells_this_host_cannot_run_are_listed_as_not_checked_never_as_failures(tmp_path):

@@ -107,6 +107,18 @@ def plan_cells(root: Path) -> list[Cell]:
     return sorted(cells, key=lambda c: (vtuple(c.cuda), vtuple(c.torch), c.platform, vtuple(c.python)))
 
 
+def _why_no_cells(root: Path) -> str:
+    """Why a house gives the matrix no cell: nothing live, or only torch-free wheels, which a user installs
+    after torch from a channel of their CUDA line, and this house has none of those yet."""
+    house = House.derive(read_journal(root).entries, Config.load(root))
+    free = sorted({e.project for e in house.entries if e.file not in house.yanked and not e.torch})
+    if not free:
+        return "publishes no wheel: nothing to install"
+    lines = sorted({cuda_tag(e.cuda) for e in house.entries if e.file not in house.yanked and not e.torch})
+    return (f"publishes only torch-free wheels ({', '.join(free)}; {', '.join(lines)}), and no channel of their CUDA "
+            f"line to install them in beside torch: name one in config.json's channels, e.g. [\"13.0\", \"2.13\"]")
+
+
 def _torch_pin(cuda: str, torch: str, platform: str, pins: dict[tuple[str, str], set[str]]) -> str | None:
     """The torch the channel's wheels were built against (their build records), else the grid's pin."""
     recorded = pins.get((cuda, torch))
@@ -321,7 +333,7 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
         raise BadInput("command line", "--installer", bad[0] if bad else "", f"expected {' or '.join(INSTALLERS)}")
     cells = plan_cells(root)
     if not cells:
-        raise BadInput(display(root / "manifest.jsonl"), None, None, "publishes no wheel: nothing to install")
+        raise BadInput(display(root / "manifest.jsonl"), None, None, _why_no_cells(root))
     here = host_platform()
     runnable, skipped = [], []
     for cell in cells:
