@@ -457,6 +457,32 @@ def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
     assert "unbuildable here (not selected, exit code unaffected): 1 cells" in text
 
 
+def test_a_cell_stopped_by_ctrl_c_is_counted_as_interrupted_not_as_failed():
+    """The progress line of a run interrupted in a compile (seen in the slice: 'done 1  failed 1' for a
+    cell that had not failed)."""
+    import io
+    from types import SimpleNamespace
+
+    from farm.run.report import Display
+    from farm.run.selection import CellRun
+
+    stream = io.StringIO()
+    display = Display(plain=True, stream=stream)
+    ok = CellRun(PY311, "farm_demo", "linux", status="running", max_jobs=1, attempts=1, started=time.time() - 5)
+    stopped = CellRun(BROKEN, "farm_broken", "linux", status="running", max_jobs=1, attempts=1,
+                      started=time.time() - 3)
+    sched = SimpleNamespace(running={c.id: SimpleNamespace(cell=c) for c in (ok, stopped)}, pending=[], jobs=2)
+    display.start(2, 0)
+    ok.status, ok.duration = "built", 5.0
+    del sched.running[PY311]
+    display.event("finish", ok, sched)
+    stopped.status, stopped.duration, stopped.message = "interrupted", 3.0, "stopped by an interrupt of the run"
+    del sched.running[BROKEN]
+    display.event("finish", stopped, sched)
+    display.stop()
+    assert "done 1  failed 0  expected-fail 0  skipped 0  running 0  interrupted 1" in stream.getvalue()
+
+
 def test_the_last_count_says_how_many_finished_cells_were_left_alone():
     """What a resumed run ends with (design.md §11.1): the cells a run before it finished are counted
     first, in words that say they were not rebuilt; a run that built everything says only that."""

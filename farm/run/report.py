@@ -35,7 +35,8 @@ def iso_utc(ts: float) -> str:
 
 RUNS = "runs"
 DONE = ("built", "up-to-date")
-FAILED = ("failed", "oom", "blocked", "interrupted", "not-started")
+FAILED = ("failed", "oom", "blocked")
+STOPPED = ("interrupted", "not-started")   # a Ctrl-C's doing, not the cell's: counted apart
 SUMMARY_ROWS = 200
 
 
@@ -82,8 +83,10 @@ class Display(Terminal):
 
     def _stats(self, running: int) -> str:
         c = self.counts
+        stopped = sum(c[s] for s in STOPPED)
         return (f"done {c['built'] + c['up-to-date']}  failed {sum(c[s] for s in FAILED)}  "
-                f"expected-fail {c['expected-fail']}  skipped {self.skipped}  running {running}")
+                f"expected-fail {c['expected-fail']}  skipped {self.skipped}  running {running}"
+                + (f"  interrupted {stopped}" if stopped else ""))
 
     def eta(self, sched) -> str:
         if not self.durations or sched is None:
