@@ -425,32 +425,41 @@ def test_bad_options_are_one_line_exit_2(tmp_path):
         assert res.returncode == 2 and key in res.stderr and res.stderr.count("\n") == 1
 
 
-def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
-    """The rich display, rendered into a string (a terminal is faked: tests run without one)."""
-    import io
+def _show_two_cells(display, second_status: str, second_message: str) -> list:
+    """farm_demo's PY311 cell built, then BROKEN's cell finishing as `second_status`, through `display`
+    (one skipped cell): the two cells, for the summary."""
     from types import SimpleNamespace
 
-    from farm.run.farmrun import RunResult
-    from farm.run.report import Display
     from farm.run.selection import CellRun
 
-    stream = io.StringIO()
-    display = Display(plain=False, stream=stream)
-    display.console.width = 160
     ok = CellRun(PY311, "farm_demo", "linux", status="running", max_jobs=2, attempts=1, started=time.time() - 5)
-    bad = CellRun(BROKEN, "farm_broken", "linux", status="running", max_jobs=1, attempts=1, started=time.time() - 3,
-                  max_jobs_clamp="memory admission: ...")
-    sched = SimpleNamespace(running={c.id: SimpleNamespace(cell=c) for c in (ok, bad)}, pending=[], jobs=2)
+    other = CellRun(BROKEN, "farm_broken", "linux", status="running", max_jobs=1, attempts=1, started=time.time() - 3,
+                    max_jobs_clamp="memory admission: ...")
+    sched = SimpleNamespace(running={c.id: SimpleNamespace(cell=c) for c in (ok, other)}, pending=[], jobs=2)
     display.start(2, 1)
     display.event("start", ok, sched)
     ok.status, ok.duration, ok.wheel = "built", 5.0, "/x/farm_demo-0.1.0+cu130torch2.13-cp311-cp311-linux_x86_64.whl"
     del sched.running[PY311]
     display.event("finish", ok, sched)
-    bad.status, bad.duration, bad.message = "failed", 3.0, "error: #error deliberately broken"
+    other.status, other.duration, other.message = second_status, 3.0, second_message
     del sched.running[BROKEN]
-    display.event("finish", bad, sched)
+    display.event("finish", other, sched)
     display.stop()
-    display.summary(RunResult("r", 1, [ok, bad], {"Windows cells on a non-Windows host": ["x-win"]}))
+    return [ok, other]
+
+
+def test_terminal_progress_shows_counts_running_cells_and_a_summary_table():
+    """The rich display, rendered into a string (a terminal is faked: tests run without one)."""
+    import io
+
+    from farm.run.farmrun import RunResult
+    from farm.run.report import Display
+
+    stream = io.StringIO()
+    display = Display(plain=False, stream=stream)
+    display.console.width = 160
+    cells = _show_two_cells(display, "failed", "error: #error deliberately broken")
+    display.summary(RunResult("r", 1, cells, {"Windows cells on a non-Windows host": ["x-win"]}))
     text = stream.getvalue()
     assert "done 1  failed 1  expected-fail 0  skipped 1" in text
     assert re.search(rf"{BROKEN}\s*│\s*failed", text) and "1*" in text          # clamped max_jobs is marked
@@ -461,26 +470,12 @@ def test_a_cell_stopped_by_ctrl_c_is_counted_as_interrupted_not_as_failed():
     """The progress line of a run interrupted in a compile (seen in the slice: 'done 1  failed 1' for a
     cell that had not failed)."""
     import io
-    from types import SimpleNamespace
 
     from farm.run.report import Display
-    from farm.run.selection import CellRun
 
     stream = io.StringIO()
-    display = Display(plain=True, stream=stream)
-    ok = CellRun(PY311, "farm_demo", "linux", status="running", max_jobs=1, attempts=1, started=time.time() - 5)
-    stopped = CellRun(BROKEN, "farm_broken", "linux", status="running", max_jobs=1, attempts=1,
-                      started=time.time() - 3)
-    sched = SimpleNamespace(running={c.id: SimpleNamespace(cell=c) for c in (ok, stopped)}, pending=[], jobs=2)
-    display.start(2, 0)
-    ok.status, ok.duration = "built", 5.0
-    del sched.running[PY311]
-    display.event("finish", ok, sched)
-    stopped.status, stopped.duration, stopped.message = "interrupted", 3.0, "stopped by an interrupt of the run"
-    del sched.running[BROKEN]
-    display.event("finish", stopped, sched)
-    display.stop()
-    assert "done 1  failed 0  expected-fail 0  skipped 0  running 0  interrupted 1" in stream.getvalue()
+    _show_two_cells(Display(plain=True, stream=stream), "interrupted", "stopped by an interrupt of the run")
+    assert "done 1  failed 0  expected-fail 0  skipped 1  running 0  interrupted 1" in stream.getvalue()
 
 
 def test_the_last_count_says_how_many_finished_cells_were_left_alone():
