@@ -263,6 +263,50 @@ def test_a_stopped_compile_leaves_no_process_of_its_group(tmp_path):
     assert processes_mentioning(marker) == [], "a grandchild of the stopped compile is still running"
 
 
+def test_torch_imported_through_the_work_folders_link_gives_two_pythons_one_header_path_and_one_object(tmp_path):
+    """Two envs of one torch (their torch packages under paths naming their Python) imported through the
+    cell's torch-site link (the work dir: one mount point for every cell in a container): torch's include
+    folder, as a build asks torch for it, is the same path, and a TU including a torch header compiled for
+    the second env is a ccache hit. Through the envs' own paths it is a miss."""
+    from farm.build.compile import torch_at_one_path
+
+    envs = []
+    for python in ("3.11", "3.12"):
+        torch_dir = tmp_path / f"env-py{python}" / f"lib/python{python}/site-packages/torch"
+        (torch_dir / "include" / "torch").mkdir(parents=True)
+        (torch_dir / "__init__.py").write_text("")
+        (torch_dir / "include" / "torch" / "tensor.h").write_text("static inline int torch_dims(void) { return 4; }\n")
+        envs.append(torch_dir)
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "op.c").write_text("#include <torch/tensor.h>\nint op(void) { return torch_dims(); }\n")
+    ask = "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))"
+
+    def include_of(pythonpath: str) -> str:
+        """torch's include folder as a build gets it: from the torch it imports."""
+        return subprocess.run([sys.executable, "-c", ask], env={**os.environ, "PYTHONPATH": pythonpath},
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    def compile_with(include: str, cache: Path) -> bool:
+        """True: a ccache hit (direct or preprocessed)."""
+        env = {**os.environ, "CCACHE_DIR": str(cache), "CCACHE_BASEDIR": str(work), "CCACHE_NOHASHDIR": "1",
+               "CCACHE_STATSLOG": str(cache / "stats.log")}
+        (cache / "stats.log").unlink(missing_ok=True)
+        subprocess.run(["ccache", "gcc", "-I", include, "-c", "src/op.c", "-o", "op.o"], cwd=work, env=env, check=True)
+        outcomes = (cache / "stats.log").read_text().splitlines()[1:]
+        return "cache_miss" not in outcomes and any(o.endswith("cache_hit") for o in outcomes)
+
+    hits, includes = [], []
+    for e in envs:   # one cell after the other, each linking its own env
+        includes.append(include_of(torch_at_one_path(e, work / "torch-site")))
+        hits.append(compile_with(includes[-1], tmp_path / "linked"))
+    assert includes == [str(work / "torch-site" / "torch" / "include")] * 2 and hits == [False, True]
+    assert os.readlink(work / "torch-site" / "torch") == str(envs[1])   # the link now names the second env
+    own = [include_of(str(e.parent)) for e in envs]
+    assert own == [str(e / "include") for e in envs]
+    assert [compile_with(i, tmp_path / "own") for i in own] == [False, False]
+
+
 def test_headers_from_two_pythons_envs_share_one_ccache_object_through_the_linked_include_folder(tmp_path):
     """Two envs of one torch hold the same nvidia headers under paths naming their Python; compiled from the
     same source through the cell's linked include folder (one mount point for every cell in a container),

@@ -76,15 +76,28 @@ def linked_includes(dirs: Sequence[str], folder: Path) -> list[str]:
     Pythons). The links' path is the same for every Python of a row: a container sees every cell's work
     dir at one mount point, and gcc keeps a shorter path than the link's target."""
     folder.mkdir(parents=True, exist_ok=True)
-    linked = []
-    for i, target in enumerate(dirs):
-        link = folder / f"{i:02d}-{PurePath(target).parent.name}"
-        tmp = folder / f".{link.name}.tmp"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(target, target_is_directory=True)
-        os.replace(tmp, link)   # a rebuild in the same work dir may find the link of another env
-        linked.append(str(link))
-    return linked
+    return [str(_link(folder / f"{i:02d}-{PurePath(target).parent.name}", target)) for i, target in enumerate(dirs)]
+
+
+def torch_at_one_path(torch_dir: Path | str, folder: Path) -> str:
+    """`folder`, holding one link, `torch`, to the env's torch package: the compile puts it first on PYTHONPATH.
+
+    torch hands a build the paths of its headers from where it was imported (cpp_extension's include
+    paths, CMake's Torch_DIR), and the env's path names its Python (.../lib/python3.12/site-packages/
+    torch/include): no TU that includes a torch header was ever served to another Python (design.md
+    §11.3). Imported through this link, torch gives every Python of a row the same paths in a container,
+    where each cell's work dir is at one mount point."""
+    _link(folder / "torch", torch_dir)
+    return str(folder)
+
+
+def _link(link: Path, target: Path | str) -> Path:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.parent / f".{link.name}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target, target_is_directory=True)
+    os.replace(tmp, link)   # a rebuild in the same work dir may find the link of another env
+    return link
 
 
 def compile_environment(*, arch_list: ArchList, toolkit: BuildToolkit, torch_env: TorchEnv | None = None, cuda: str | None = None,

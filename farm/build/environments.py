@@ -115,6 +115,11 @@ class TorchEnv:
         return [p for root in self.site_packages_roots() for p in sorted((root / "nvidia").glob(f"*/{kind}"))
                 if p.is_dir()]
 
+    def torch_package_dir(self) -> Path | None:
+        """site-packages/torch of this env or its base; None in an env without torch (a torch-free cell's)."""
+        return next((root / "torch" for root in self.site_packages_roots() if (root / "torch" / "__init__.py").is_file()),
+                    None)
+
     def torch_lib_dir(self) -> Path:
         for root in self.site_packages_roots():
             if (root / "torch" / "lib").is_dir():

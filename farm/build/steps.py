@@ -162,6 +162,12 @@ class Steps:
 
             env["CPATH"] = os.pathsep.join(linked_includes(env["CPATH"].split(os.pathsep),
                                                            self.work / "nvidia-include"))
+        torch_dir = self.torch_env.torch_package_dir() if self.torch_env is not None else None
+        if self.cell.platform != "windows" and torch_dir is not None:
+            from farm.build.compile import torch_at_one_path
+
+            site = torch_at_one_path(torch_dir, self.work / "torch-site")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
         self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
         # §6.5: the same tmpxft names every build; a Linux build's (unshare is Linux's, and a Windows
         # compile must not get a PYTORCH_NVCC)
