@@ -391,11 +391,20 @@ class BuildRecord(Mapping[str, Any]):
 
     @property
     def cache_hits(self) -> int | None:
-        """The compiler cache's hits (a build's own record keeps them under its step's `stats`)."""
+        """The compiler cache's hits."""
+        return self._cache_count("hits")
+
+    @property
+    def cache_misses(self) -> int | None:
+        """The compiler cache's misses."""
+        return self._cache_count("misses")
+
+    def _cache_count(self, key: str) -> int | None:
+        """A count of the compiler cache (a build's own record keeps them under its step's `stats`)."""
         cache = self._object("compiler_cache")
         stats = cache.get("stats")
-        hits = (stats if isinstance(stats, Mapping) else cache).get("hits")
-        return hits if isinstance(hits, int) and not isinstance(hits, bool) else None
+        value = (stats if isinstance(stats, Mapping) else cache).get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def cache_stats(self) -> Mapping[str, Any]:

@@ -30,7 +30,7 @@ from farm.errors import BadInput
 from farm.platforms import PLATFORMS
 from farm.recipes.buildrecord import BuildRecord
 from farm.recipes.cells import row_id
-from farm.recipes.status import read_records, records_dir, wall_text
+from farm.recipes.status import read_cell_records, read_records, records_dir, wall_text
 
 if TYPE_CHECKING:
     from farm.policy import Defaults
@@ -51,6 +51,9 @@ TIMEOUT_MARGIN = 3.0
 # No record and no timeout: about the mean cold wall time of the full records (13.6 min over 16
 # recipes, from 1.2 min for diso to 61 min for flex_gemm).
 DEFAULT_CELL_MINUTES = 15.0
+# A full record counts as cold when the compiler cache served at most this share of its compiles: a CMake
+# build's compiler check can hit in an otherwise cold build (pyg_lib's first Python: 1 hit in 106).
+COLD_HIT_SHARE = 0.05
 # Per lane, against the x86 Linux figure. arm64: GitHub's native arm64 runners are assumed (no QEMU,
 # design.md §8.4); their speed per core is taken as x86's, not measured. Windows: nothing measured
 # (no Windows build has a record); MSVC host passes and no manylinux toolchain cache are assumed to
@@ -184,12 +187,36 @@ def _compile_seconds(record: BuildRecord, wall: float, where: str) -> float:
     return float(value)
 
 
+def is_cold_full(record: BuildRecord) -> bool:
+    """A full build whose compile the cache (nearly) did not serve: what one cell costs from nothing."""
+    if record.tier != "full" or not record.wall_s:
+        return False
+    hits = record.cache_hits or 0
+    return hits <= COLD_HIT_SHARE * (hits + (record.cache_misses or 0))
+
+
+def basis_record(name: str, status: BuildRecord | None, cells: Mapping[str, BuildRecord],
+                 folder: Path) -> tuple[BuildRecord | None, Path]:
+    """The record to price `name` from, and its file: the status cell's when it is a cold full build, else
+    the newest cold full record among the recipe's cells (the first Python of a row; since the cache shares
+    torch's headers across Pythons, a status cell is often a sibling that the cache served), else the
+    status cell's, for the default to name."""
+    if status is not None and is_cold_full(status):
+        return status, folder / f"{name}.json"
+    cold = sorted((record.date or "", cell) for cell, record in cells.items() if is_cold_full(record))
+    if cold:
+        cell = cold[-1][1]
+        return cells[cell], folder / name / f"{cell}.json"
+    return status, folder / f"{name}.json"
+
+
 def basis_of(recipe: Recipe, record: BuildRecord | None, defaults: Defaults, where: str) -> Basis:
     """The figure one cell of `recipe` costs: its full cold record, else the documented default."""
     record = record or BuildRecord({})
     cores = _cores(recipe, defaults, record)
     tier, wall, hits = record.tier, record.wall_s, record.cache_hits
-    if tier == "full" and wall and not hits:
+    if is_cold_full(record):
+        assert wall
         tokens = _arch_tokens(record, where)
         return Basis("measured", float(wall), _compile_seconds(record, wall, where), tokens, cores,
                      f"full record: {wall_text(wall)} for {tokens} archs on {cores} cores")
@@ -237,7 +264,7 @@ def estimate(cells: Iterable[Cell], recipes: Mapping[str, Recipe], defaults: Def
              records_folder: Path | None = None, runners: int = DEFAULT_RUNNERS) -> Estimate:
     """Price `cells` row by row from the records in `records_folder` (default recipes/records/)."""
     folder = Path(records_folder or records_dir())
-    records = read_records(folder)
+    records, cell_records = read_records(folder), read_cell_records(folder)
     rows: dict[str, list[Cell]] = {}
     for cell in cells:
         rows.setdefault(row_id(cell), []).append(cell)
@@ -246,8 +273,8 @@ def estimate(cells: Iterable[Cell], recipes: Mapping[str, Recipe], defaults: Def
     for row in rows.values():
         name, platform = row[0].recipe_name, row[0].platform
         if name not in bases:
-            bases[name] = basis_of(recipes[name], records.get(name), defaults,
-                                   settings.display(folder / f"{name}.json"))
+            record, path = basis_record(name, records.get(name), cell_records.get(name, {}), folder)
+            bases[name] = basis_of(recipes[name], record, defaults, settings.display(path))
         by_recipe.setdefault((name, platform), Tally()).add_row([price(bases[name], c) for c in row])
     by_lane: dict[str, Tally] = {}
     for (_, platform), tally in sorted(by_recipe.items(), key=lambda kv: PLATFORMS.index(kv[0][1])):
