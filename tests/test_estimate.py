@@ -98,11 +98,16 @@ def test_a_warm_status_record_gives_way_to_the_rows_cold_first_python(tmp_path):
         _record(cells, f"pyg_lib-cu130-torch2.13-py{python}",
                 **full(wall, wall - 20, archs=4, compiler_cache=cache, recipe="pyg_lib",
                        cell=f"pyg_lib-cu130-torch2.13-py{python}"))
+    # a newer cold record of the emulated arm64 lane is no x86 figure: it is passed over
+    _record(cells, "pyg_lib-cu130-torch2.13-py310-aarch64",
+            **full(5000.0, 4900.0, archs=4, recipe="pyg_lib", cell="pyg_lib-cu130-torch2.13-py310-aarch64",
+                   date="2026-12-02T10:00:00Z"))
     one = ("--package", "pyg_lib", "--cuda", "13.0", "--torch", "2.13", "--python", "3.12", "--platform", "linux")
     got = line(estimate_json(*one, records=records), "pyg_lib", "linux")
     assert got["source"] in ("measured", "scaled") and got["basis"].startswith("full record: 6.7 min for 4 archs"), got
     # without the cold cell the warm status record is named, and the default used
     (cells / "pyg_lib-cu130-torch2.13-py310.json").unlink()
+    (cells / "pyg_lib-cu130-torch2.13-py310-aarch64.json").unlink()
     got = line(estimate_json(*one, records=records), "pyg_lib", "linux")
     assert got["source"] == "default" and "warm rebuild: 103 cache hits" in got["basis"], got
 

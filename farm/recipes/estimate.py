@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from farm import settings
 from farm.errors import BadInput
-from farm.platforms import PLATFORMS
+from farm.platforms import PLATFORMS, cell_suffix
 from farm.recipes.buildrecord import BuildRecord
 from farm.recipes.cells import row_id
 from farm.recipes.status import read_cell_records, read_records, records_dir, wall_text
@@ -203,7 +203,9 @@ def basis_record(name: str, status: BuildRecord | None, cells: Mapping[str, Buil
     status cell's, for the default to name."""
     if status is not None and is_cold_full(status):
         return status, folder / f"{name}.json"
-    cold = sorted((record.date or "", cell) for cell, record in cells.items() if is_cold_full(record))
+    other_lanes = tuple(cell_suffix(p) for p in PLATFORMS if cell_suffix(p))   # the basis is an x86 Linux figure
+    cold = sorted((record.date or "", cell) for cell, record in cells.items()
+                  if is_cold_full(record) and not cell.endswith(other_lanes))
     if cold:
         cell = cold[-1][1]
         return cells[cell], folder / name / f"{cell}.json"
