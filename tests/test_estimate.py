@@ -112,6 +112,46 @@ def test_a_warm_status_record_gives_way_to_the_rows_cold_first_python(tmp_path):
     assert got["source"] == "default" and "warm rebuild: 103 cache hits" in got["basis"], got
 
 
+def test_a_recipe_whose_records_hold_rows_pays_their_measured_sibling_share(tmp_path):
+    """Two recorded torch rows of cc_torch: first Pythons of 800 and 600 s cold, siblings after them of 80 s
+    (torch 2.12: share 0.1) and 240 s (torch 2.13: share 0.4). A cell costs the mean cold build, 700 s, and a
+    row's later Pythons the mean share 0.25 of it. A row whose first cell the cache served, and an arm64
+    row, measure nothing."""
+    records = tmp_path / "records"
+    cells = records / "cc_torch"
+    cold = {"active": True, "hits": 0, "misses": 1}
+    warm = {"active": True, "hits": 1, "misses": 0}
+
+    def cell(torch: str, python: str, wall: float, day: int, cache: dict, suffix: str = "") -> None:
+        name = f"cc_torch-cu130-torch{torch}-py{python}{suffix}"
+        _record(cells, name, **full(wall, wall - 20, archs=6, compiler_cache=cache, recipe="cc_torch", cell=name,
+                                    date=f"2026-12-0{day}T10:00:00Z"))
+
+    cell("2.12", "310", 800, 1, cold)
+    cell("2.12", "311", 80, 2, warm)
+    cell("2.12", "312", 80, 2, warm)
+    cell("2.12", "313", 80, 3, warm)
+    cell("2.13", "310", 600, 4, cold)
+    cell("2.13", "311", 240, 5, warm)
+    cell("2.11", "310", 30, 4, warm)       # first of its row, but served by the cache: no share
+    cell("2.11", "311", 900, 5, warm)
+    cell("2.13", "310", 700, 6, cold, suffix="-aarch64")
+    cell("2.13", "311", 2100, 7, warm, suffix="-aarch64")
+    row = ("--package", "cc_torch", "--cuda", "13.0", "--torch", "2.13", "--platform", "linux",
+           *(a for py in ("3.10", "3.11", "3.12", "3.13") for a in ("--python", py)))
+    got = line(estimate_json(*row, records=records), "cc_torch", "linux")
+    assert (got["cells"], got["rows"], got["source"]) == (4, 1, "measured"), got
+    assert got["wall_hours"] == pytest.approx(700 * (1 + 3 * 0.25) / HOUR, abs=1e-4), got
+    assert got["basis"] == ("full records: 11.7 min (mean of 2 cold builds) for 6 archs on 2 cores; "
+                            "later Pythons 0.25 of the first (2 rows measured)"), got
+    # without recorded rows, the documented default share
+    for f in cells.glob("*-py31[123]*.json"):
+        f.unlink()
+    got = line(estimate_json(*row, records=records), "cc_torch", "linux")
+    assert got["wall_hours"] == pytest.approx(700 * (1 + 3 * SIBLING_COST) / HOUR, abs=1e-4), got
+    assert "later Pythons" not in got["basis"], got
+
+
 def test_without_a_full_cold_record_the_default_is_used_and_named(tmp_path):
     records = tmp_path / "records"
     _record(records, "diso", **full(600, 480, archs=6, compiler_cache={"active": True, "hits": 40, "misses": 2}))
@@ -226,12 +266,18 @@ def test_the_committed_records_are_what_the_figures_rest_on():
         expected = "default" if r["package"] not in cold_full or r["lane"] == "windows" else \
             ("scaled", "measured") if r["lane"] == "linux" else ("scaled",)
         assert r["source"] in expected, r
-    # diso's status cell is the very cell its record measured: the record's wall on its 2 cores
+    # one cell of diso costs the mean of its cold x86 builds (status record and cell records, each build
+    # once), on its 2 cores
+    builds = {(r["cell"], r["date"]): r["wall_s"] for r in
+              [records["diso"], *read_cell_records(records_dir())["diso"].values()]
+              if cold(r) and not r["cell"].endswith("-aarch64")}
+    assert len(builds) >= 3
     status = estimate_json("--package", "diso", "--cuda", "13.0", "--torch", "2.13", "--python", "3.12",
                            "--platform", "linux")
     got = line(status, "diso", "linux")
     assert got["source"] == "measured" and got["cells"] == 1
-    assert got["cpu_hours"] == pytest.approx(records["diso"]["wall_s"] * 2 / HOUR, abs=1e-4)
+    assert got["cpu_hours"] == pytest.approx(sum(builds.values()) / len(builds) * 2 / HOUR, abs=1e-4)
+    assert f"(mean of {len(builds)} cold builds)" in got["basis"]
 
 
 def test_the_documented_default_is_near_the_mean_of_the_full_records():

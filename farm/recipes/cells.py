@@ -10,6 +10,7 @@ py3-none and pure recipes get one cell per (CUDA, torch, platform).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -66,6 +67,12 @@ def row_id(cell: Cell) -> str:
     a compiler cache group (design.md §11.3); torch-free rows have no torch part, as their cells."""
     torch_part = f"-torch{cell.torch}" if cell.links_torch else ""
     return f"{cell.recipe_name}-{cuda_tag(cell.cuda)}{torch_part}{cell_suffix(cell.platform)}"
+
+
+def row_of_cell_id(cell: str) -> str:
+    """The row of a cell id, for a record that names only its cell: the id without its `-py<XY>` part
+    (abi3, py3-none and pure ids are one cell per row; theirs is dropped alike or kept, as one row)."""
+    return re.sub(r"-py\d+(?=-|$)", "", cell, count=1)
 
 
 # (cuda, torch, platform, id of the row's own list) -> its resolution; full_plan shares one between recipes.

@@ -14,14 +14,15 @@ measured on the farm's own host, and says for each figure where it came from:
             attempt already spent; every Windows figure (no Windows build has a record).
 
 Rows, not cells, are the unit of scheduling: a row is one (recipe, CUDA, torch, platform), whose
-Pythons share a compiler cache, so its first cell costs the full figure and each later one
-SIBLING_COST of it. Wall hours at N runners are max(row hours / N, the longest row).
+Pythons share a compiler cache, so its first cell costs the full figure and each later one a share of
+it: the share the recipe's own recorded rows measured, else SIBLING_COST. Wall hours at N runners are
+max(row hours / N, the longest row).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from farm import settings
 from farm.errors import BadInput
 from farm.platforms import PLATFORMS, cell_suffix
 from farm.recipes.buildrecord import BuildRecord
-from farm.recipes.cells import row_id
+from farm.recipes.cells import row_id, row_of_cell_id
 from farm.recipes.status import read_cell_records, read_records, records_dir, wall_text
 
 if TYPE_CHECKING:
@@ -37,10 +38,11 @@ if TYPE_CHECKING:
     from farm.recipes.cells import Cell
     from farm.recipes.model import Recipe
 
-# A row's Python after the first, against the first, when they share the compiler cache (design.md §11.3):
-# four Pythons of a row cost 2.08x one cell for farm_demo and 2.28x for diso (measured on this farm's
-# 2-core host), i.e. (2.08 - 1) / 3 = 0.36 and (2.28 - 1) / 3 = 0.43 per sibling. The higher one, so that
-# a farm sized from the estimate is not short.
+# A row's Python after the first, against the first, when they share the compiler cache (design.md §11.3),
+# for a recipe whose records hold no row of its own to measure it: four Pythons of a row cost 2.08x one
+# cell for farm_demo and 2.28x for diso (measured on this farm's 2-core host), i.e. (2.08 - 1) / 3 = 0.36
+# and (2.28 - 1) / 3 = 0.43 per sibling. The higher one, so that a farm sized from the estimate is not short.
+# Measured rows range from 0.09 (pyg_lib, all of it served by the cache) to about 1 (a TU per Python.h).
 SIBLING_COST = 0.43
 # The committed records were measured on a 2-core host; a record that names its `cores` is taken at its word.
 RECORD_HOST_CORES = 2
@@ -73,6 +75,7 @@ class Basis:
     tokens: int          # arch tokens of the recorded cell (0: a default, not scaled by archs)
     cores: int           # cores the build keeps busy: min(host cores, max_jobs x nvcc_threads)
     why: str             # one line, e.g. 'full record: 7.4 min for 6 archs on 2 cores'
+    sibling: float = SIBLING_COST   # a row's later Python against its first
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,10 @@ class Tally:
     scaled_to: set[int] = field(default_factory=set)
     notes: set[str] = field(default_factory=set)
 
-    def add_row(self, cells: list[Priced]) -> None:
-        # the first Python fills the compiler cache, its siblings pay SIBLING_COST of it
+    def add_row(self, cells: list[Priced], sibling: float) -> None:
+        # the first Python fills the compiler cache, its siblings pay `sibling` of it
         ordered = sorted(cells, key=lambda p: -p.wall_s)
-        weights = [1.0] + [SIBLING_COST] * (len(ordered) - 1)
+        weights = [1.0] + [sibling] * (len(ordered) - 1)
         self.cells += len(ordered)
         self.rows += 1
         self.row_walls.append(sum(w * p.wall_s for w, p in zip(weights, ordered, strict=True)))
@@ -187,6 +190,11 @@ def _compile_seconds(record: BuildRecord, wall: float, where: str) -> float:
     return float(value)
 
 
+def _x86_linux(cell: str) -> bool:
+    """Whether a record's cell id is of the x86 Linux lane, the one every basis is a figure of."""
+    return not cell.endswith(tuple(cell_suffix(p) for p in PLATFORMS if cell_suffix(p)))
+
+
 def is_cold_full(record: BuildRecord) -> bool:
     """A full build whose compile the cache (nearly) did not serve: what one cell costs from nothing."""
     if record.tier != "full" or not record.wall_s:
@@ -195,21 +203,59 @@ def is_cold_full(record: BuildRecord) -> bool:
     return hits <= COLD_HIT_SHARE * (hits + (record.cache_misses or 0))
 
 
-def basis_record(name: str, status: BuildRecord | None, cells: Mapping[str, BuildRecord],
-                 folder: Path) -> tuple[BuildRecord | None, Path]:
-    """The record to price `name` from, and its file: the status cell's when it is a cold full build, else
-    the newest cold full record among the recipe's cells (the first Python of a row; since the cache shares
-    torch's headers across Pythons, a status cell is often a sibling that the cache served), else the
-    status cell's, for the default to name."""
+def cold_records(name: str, status: BuildRecord | None, cells: Mapping[str, BuildRecord],
+                 folder: Path) -> list[tuple[BuildRecord, Path]]:
+    """Every cold full x86 build the recipe has a record of, oldest first, with its file: the status cell's
+    and its cell records' (one per cell and date). Since the cache shares torch's headers across Pythons,
+    most of a slice's cells are siblings that it served, and the cold ones are the first Python of each row."""
+    found: dict[tuple[str, str], tuple[BuildRecord, Path]] = {}
     if status is not None and is_cold_full(status):
-        return status, folder / f"{name}.json"
-    other_lanes = tuple(cell_suffix(p) for p in PLATFORMS if cell_suffix(p))   # the basis is an x86 Linux figure
-    cold = sorted((record.date or "", cell) for cell, record in cells.items()
-                  if is_cold_full(record) and not cell.endswith(other_lanes))
-    if cold:
-        cell = cold[-1][1]
-        return cells[cell], folder / name / f"{cell}.json"
-    return status, folder / f"{name}.json"
+        found[(status.cell or name, status.date or "")] = (status, folder / f"{name}.json")
+    for cell, record in cells.items():
+        if is_cold_full(record) and _x86_linux(cell):
+            found[(cell, record.date or "")] = (record, folder / name / f"{cell}.json")
+    return [found[key] for key in sorted(found, key=lambda k: (k[1], k[0]))]
+
+
+def mean_basis(bases: list[Basis]) -> Basis:
+    """One figure from several measured ones: the mean of those with the newest one's arch count. Cells of
+    one recipe differ by more than noise (an environment the cache already held costs no install), so
+    one record alone can be far from what a slice costs."""
+    newest = bases[-1]
+    alike = [b for b in bases if b.tokens == newest.tokens]
+    if len(alike) == 1:
+        return newest
+    wall = sum(b.wall_s for b in alike) / len(alike)
+    return replace(newest, wall_s=wall, compile_s=sum(b.compile_s for b in alike) / len(alike),
+                   why=f"full records: {wall_text(wall)} (mean of {len(alike)} cold builds) for {newest.tokens} "
+                       f"archs on {newest.cores} cores")
+
+
+def sibling_share(cells: Mapping[str, BuildRecord]) -> tuple[float, int] | None:
+    """What a later Python of a row cost against the row's first, in wall time, over the recipe's recorded
+    x86 rows whose first cell (by date) was a cold full build with full siblings after it; with the number
+    of rows. None when no row qualifies. The share differs by recipe more than any one figure can stand
+    for: a TU that reaches Python.h is compiled again for every Python (design.md §11.3)."""
+    rows: dict[str, list[BuildRecord]] = {}
+    for cell, record in cells.items():
+        if record.tier == "full" and record.wall_s and _x86_linux(cell):
+            rows.setdefault(row_of_cell_id(cell), []).append(record)
+    shares = []
+    for row in rows.values():
+        first, *later = sorted(row, key=lambda r: r.date or "")
+        if later and first.wall_s and is_cold_full(first):
+            shares.append(sum(r.wall_s or 0.0 for r in later) / len(later) / first.wall_s)
+    return (sum(shares) / len(shares), len(shares)) if shares else None
+
+
+def with_sibling_share(basis: Basis, cells: Mapping[str, BuildRecord]) -> Basis:
+    """`basis` with the sibling share its recipe's rows measured, named in its line; as it is without one."""
+    measured = sibling_share(cells)
+    if measured is None:
+        return basis
+    share, rows = measured
+    return replace(basis, sibling=share,
+                   why=f"{basis.why}; later Pythons {share:.2f} of the first ({rows} row{'s' * (rows > 1)} measured)")
 
 
 def basis_of(recipe: Recipe, record: BuildRecord | None, defaults: Defaults, where: str) -> Basis:
@@ -275,9 +321,14 @@ def estimate(cells: Iterable[Cell], recipes: Mapping[str, Recipe], defaults: Def
     for row in rows.values():
         name, platform = row[0].recipe_name, row[0].platform
         if name not in bases:
-            record, path = basis_record(name, records.get(name), cell_records.get(name, {}), folder)
-            bases[name] = basis_of(recipes[name], record, defaults, settings.display(path))
-        by_recipe.setdefault((name, platform), Tally()).add_row([price(bases[name], c) for c in row])
+            own_cells = cell_records.get(name, {})
+            cold = cold_records(name, records.get(name), own_cells, folder)
+            basis = mean_basis([basis_of(recipes[name], r, defaults, settings.display(path)) for r, path in cold]) \
+                if cold else basis_of(recipes[name], records.get(name), defaults,
+                                      settings.display(folder / f"{name}.json"))
+            bases[name] = with_sibling_share(basis, own_cells)
+        by_recipe.setdefault((name, platform), Tally()).add_row([price(bases[name], c) for c in row],
+                                                                bases[name].sibling)
     by_lane: dict[str, Tally] = {}
     for (_, platform), tally in sorted(by_recipe.items(), key=lambda kv: PLATFORMS.index(kv[0][1])):
         by_lane.setdefault(platform, Tally()).merge(tally)
@@ -298,7 +349,8 @@ def check_runners(text: str) -> int:
 # ---------------------------------------------------------------- output
 
 def assumptions() -> dict[str, object]:
-    return {"sibling_cost": SIBLING_COST, "record_host_cores": RECORD_HOST_CORES,
+    return {"sibling_cost": SIBLING_COST, "sibling_cost_measured": "per recipe, from its recorded rows",
+            "record_host_cores": RECORD_HOST_CORES,
             "timeout_margin": TIMEOUT_MARGIN, "default_cell_minutes": DEFAULT_CELL_MINUTES,
             "lane_factor": dict(LANE_FACTOR), "arm64": "native runners", "runners_per_lane": "N, each like the "
             "measuring host", "wall": "max(row hours / N, longest row)"}
@@ -346,7 +398,8 @@ def render_summary(est: Estimate) -> str:
     lines += [f"CPU-h: wall x the cores a build keeps busy. wall-h@{est.runners}: {est.runners} runners per lane, each "
               f"like the measuring host ({RECORD_HOST_CORES} cores), a row per job, max(row hours / "
               f"{est.runners}, longest row).",
-              f"A row's later Pythons cost {SIBLING_COST:g} of its first; arm64 on native runners; Windows "
+              f"A row's later Pythons cost the share its recipe's recorded rows measured, else {SIBLING_COST:g}, "
+              f"of its first; arm64 on native runners; Windows "
               f"x{LANE_FACTOR['windows']:g} (assumed); default: the recipe's timeout / {TIMEOUT_MARGIN:g}, else "
               f"{DEFAULT_CELL_MINUTES:g} min a cell (design.md §5.5)."]
     return "\n".join(lines) + "\n"
