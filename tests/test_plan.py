@@ -103,6 +103,7 @@ def test_adding_a_recipe_moves_no_cell_to_another_shard(tmp_path, plan):
     shutil.copytree(PROJECT / "recipes", folder)
     text = (folder / "cc_torch.yml").read_text().replace("name: cc_torch", "name: cc_torch_twin")
     (folder / "cc_torch_twin.yml").write_text(text)
+    shutil.copytree(folder / "patches" / "cc_torch", folder / "patches" / "cc_torch_twin")   # its farm patch
     bigger = full_plan(recipes=load_recipes(folder))
     before = {c.id: shard_of(c.id, 8) for c in plan.cells}
     after = {c.id: shard_of(c.id, 8) for c in bigger.cells}
