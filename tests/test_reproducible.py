@@ -286,7 +286,7 @@ def test_a_change_of_nvcc_append_flags_is_never_served_the_old_object(toolkit, t
                "NVCC_APPEND_FLAGS": f"-DVALUE={value} --threads=1",
                **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(tmp_path),
                            stats_log=str(tmp_path / f"stats-{value}.log"))}
-        assert resolve_in_step(env, toolkit.nvcc)["active"]
+        assert resolve_in_step(env, toolkit.nvcc, tmp_path)["active"]
         assert env["CCACHE_NAMESPACE"] == nvcc_namespace(env)["CCACHE_NAMESPACE"]
         out = tmp_path / f"k{value}.o"
         subprocess.run([*env["PYTORCH_NVCC"].split(), "-c", "k.cu", "-o", str(out), "-gencode",
@@ -327,12 +327,46 @@ def test_sibling_cells_share_cuda_objects_through_their_prefix_maps(toolkit, tmp
                "NVCC_APPEND_FLAGS": " ".join(nvcc_prefix_map_flags(prefix_map_flags(folders))),
                **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(work),
                            stats_log=str(work / "stats.log"))}
-        assert resolve_in_step(env, toolkit.nvcc)["active"]
+        assert resolve_in_step(env, toolkit.nvcc, work)["active"]
         subprocess.run([*env["PYTORCH_NVCC"].split(), "-c", "k.cu", "-o", "k.o", "-gencode",
                         "arch=compute_80,code=sm_80"], cwd=work, env=env, check=True)
         assert host_strings((work / "k.o").read_bytes(), [str(work)]) == []
         stats.append(read_stats_log(work / "stats.log"))
     assert stats[0]["misses"] == 1 and stats[1]["hits"] == 1, stats
+
+
+def test_cxx_compiles_through_the_cache_for_every_torch_and_siblings_share_them(toolkit, tmp_path):
+    """torch before 2.13 runs $CXX bare, so no C++ file of a torch 2.11 or 2.12 cell was looked up. The step
+    puts $CXX through a script in the cell's work folder, named as the compiler (torch's compiler check
+    reads the name), and turns torch 2.13's own wrapper off: a C++ file that two sibling cells compile in
+    work folders of their own misses once and is then served."""
+    if shutil.which("ccache") is None:
+        pytest.skip("needs ccache on PATH")
+    real = shutil.which("g++")
+    stats, scripts = [], []
+    for sibling in ("cell-py311", "cell-py312"):
+        work = tmp_path / sibling
+        work.mkdir()
+        (work / "b.cpp").write_text("#include <string>\nint b() { return (int)std::string(\"ab\").size(); }\n")
+        env = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}", "CXX": "g++",
+               **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(work),
+                           stats_log=str(work / "stats.log"))}
+        found = resolve_in_step(env, toolkit.nvcc, work)
+        assert found["active"] and found["cxx"] == env["CXX"] == str(work / "ccache-bin" / "g++")
+        assert env["TORCH_NO_COMPILER_WRAPPER"] == "1" and "CMAKE_CXX_COMPILER_LAUNCHER" not in env
+        assert real in Path(env["CXX"]).read_text()
+        subprocess.run([env["CXX"], "-c", "b.cpp", "-o", "b.o"], cwd=work, env=env, check=True)
+        # torch's compiler check (`-v`) and the link go through the script too: they compile nothing
+        subprocess.run([env["CXX"], "-v"], cwd=work, env=env, check=True, capture_output=True)
+        subprocess.run([env["CXX"], "-shared", "b.o", "-o", "b.so"], cwd=work, env=env, check=True)
+        stats.append(read_stats_log(work / "stats.log"))
+        assert list(stats[-1]["files"]) == ["b.cpp"], stats[-1]
+        scripts.append(env["CXX"])
+    assert stats[0]["misses"] == 1 and stats[1]["hits"] == 1, stats
+    assert scripts[0] != scripts[1]   # a script per work folder, one object for both
+    # the cache off: torch's wrapper is off too, and $CXX is left as it was
+    off = {"PATH": os.environ["PATH"], "CXX": "g++", **cache_env(enabled=False)}
+    assert resolve_in_step(off, toolkit.nvcc, tmp_path) == {"active": False} and off["CXX"] == "g++"
 
 
 CMAKE_PROJECT = """cmake_minimum_required(VERSION 3.18)
@@ -359,7 +393,7 @@ def test_a_cmake_build_compiles_through_the_cache_and_a_rebuild_in_a_new_folder_
         env = {**os.environ, "PATH": f"{toolkit.bin_dir}:{os.environ['PATH']}", "CUDACXX": str(toolkit.nvcc),
                **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"), basedir=str(tmp_path),
                            stats_log=str(tmp_path / f"{build}.log"))}
-        assert resolve_in_step(env, toolkit.nvcc)["active"]
+        assert resolve_in_step(env, toolkit.nvcc, tmp_path / build)["active"]
         subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / build), "-DCMAKE_CUDA_ARCHITECTURES=80"],
                        env=env, check=True, capture_output=True)
         subprocess.run(["cmake", "--build", str(tmp_path / build)], env=env, check=True, capture_output=True)
@@ -369,7 +403,7 @@ def test_a_cmake_build_compiles_through_the_cache_and_a_rebuild_in_a_new_folder_
     assert outcomes == [dict.fromkeys(["a.c", "b.cpp", "k.cu"], "miss"), dict.fromkeys(["a.c", "b.cpp", "k.cu"], "hit")]
     # without ccache in the runner the launchers go with the rest of the cache's settings
     bare = {"PATH": "/nonexistent", **cache_env(enabled=True, ccache_dir=str(tmp_path / "ccache"))}
-    assert resolve_in_step(bare, toolkit.nvcc) == {"active": False, "why": "no ccache on the runner's PATH"}
+    assert resolve_in_step(bare, toolkit.nvcc, tmp_path) == {"active": False, "why": "no ccache on the runner's PATH"}
     assert not set(CMAKE_LAUNCHERS) & set(bare)
 
 

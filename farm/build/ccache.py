@@ -4,14 +4,17 @@ What the farm decides, explicitly, and records in every build record (`compiler_
 
 - nvcc goes through `PYTORCH_NVCC="ccache <the toolkit's nvcc>"` (torch's ninja files read it),
   never `CXX="ccache g++"`, which fails torch's compiler version check;
-- C++ files: torch 2.13 prepends ccache to the C++ compiler by itself whenever ccache is on PATH
-  (`_wrap_compiler`; `TORCH_NO_COMPILER_WRAPPER=1` turns that off). With the cache on the farm
-  leaves that wrapper on, so a binding that includes torch hits on a rebuild on the same Python
-  too, with the same CCACHE_* settings. With the cache off the farm sets
-  `TORCH_NO_COMPILER_WRAPPER=1` and `CCACHE_DISABLE=1`: an image's ccache never acts silently.
-- CMake builds (pyg_lib, a scikit-build-core project) go through `CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER`
-  (CMake 3.17 and later read them from the environment): they use neither torch's ninja files nor
-  PYTORCH_NVCC, and their compiles were never looked up;
+- C++ files go through `CXX=<work>/ccache-bin/<the compiler's name>`, a script that runs
+  `ccache <the real CXX>`. torch before 2.13 calls $CXX bare, so no C++ file of a torch 2.11 or 2.12
+  build was ever looked up (measured: nvdiffrec_render's common.cpp and torch_bindings.cpp, in every
+  torch 2.11 and 2.12 cell of the slice); torch 2.13 prepends ccache itself (`_wrap_compiler`), which
+  the farm turns off (`TORCH_NO_COMPILER_WRAPPER=1`), so that every torch compiles C++ the same way.
+  The script's name is the compiler's, which is what torch's compiler check looks for in the path.
+  With the cache off the farm sets `TORCH_NO_COMPILER_WRAPPER=1` and `CCACHE_DISABLE=1`: an
+  image's ccache never acts silently.
+- CMake builds (pyg_lib, a scikit-build-core project) go through `CMAKE_{C,CUDA}_COMPILER_LAUNCHER`
+  (CMake 3.17 and later read them from the environment), and their C++ through the same $CXX script:
+  they use neither torch's ninja files nor PYTORCH_NVCC, and their compiles were never looked up;
 - one CCACHE_DIR per (CUDA, torch) group under cache_dir()/ccache (mounted at
   /farm/cache/ccache in containers): objects of one group never serve another;
 - CCACHE_BASEDIR = the cell's work dir, CCACHE_NOHASHDIR, and sloppiness for what changes between
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,7 +49,8 @@ TOOL = "ccache"
 NVCC_PLACEHOLDER = "{NVCC}"
 MAX_SIZE = "5G"   # per group; ccache evicts least recently used objects past it
 SLOPPINESS = "include_file_mtime,include_file_ctime,time_macros,file_macro,pch_defines,locale"
-CMAKE_LAUNCHERS = tuple(f"CMAKE_{language}_COMPILER_LAUNCHER" for language in ("C", "CXX", "CUDA"))
+CMAKE_LAUNCHERS = tuple(f"CMAKE_{language}_COMPILER_LAUNCHER" for language in ("C", "CUDA"))   # C++: $CXX
+CXX_WRAPPER_DIR = "ccache-bin"   # in the cell's work folder
 
 
 def group_name(cuda: str, torch: str | None, links_torch: bool = True) -> str:
@@ -83,6 +88,7 @@ def cache_env(*, enabled: bool, ccache_dir: str = "", basedir: str = "", stats_l
     return {
         "PYTORCH_NVCC": f"{TOOL} {NVCC_PLACEHOLDER}",
         **{launcher: TOOL for launcher in CMAKE_LAUNCHERS},
+        "TORCH_NO_COMPILER_WRAPPER": "1",   # C++ goes through the farm's $CXX script, for every torch
         "CCACHE_DIR": ccache_dir,
         "CCACHE_BASEDIR": basedir,
         "CCACHE_NOHASHDIR": "1",
@@ -99,12 +105,13 @@ def decision(enabled: bool, group: str | None = None) -> dict[str, Any]:
     if not enabled:
         return {"enabled": False, "torch_wrapper": "off (TORCH_NO_COMPILER_WRAPPER=1)", "nvcc": "nvcc"}
     return {"enabled": True, "tool": TOOL, "group": group, "nvcc": f"PYTORCH_NVCC={TOOL} <toolkit nvcc>",
-            "cmake": f"CMAKE_{{C,CXX,CUDA}}_COMPILER_LAUNCHER={TOOL}",
-            "torch_wrapper": "on (torch prepends ccache to the C++ compiler; TORCH_NO_COMPILER_WRAPPER unset)"}
+            "cmake": f"CMAKE_{{C,CUDA}}_COMPILER_LAUNCHER={TOOL}", "cxx": f"CXX=<work>/{CXX_WRAPPER_DIR}/<c++>",
+            "torch_wrapper": "off (TORCH_NO_COMPILER_WRAPPER=1; the farm's $CXX script, for every torch)"}
 
 
-def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict[str, Any]:
-    """Inside the step: expand {NVCC}; without ccache in the runner, turn the cache off and say so."""
+def resolve_in_step(env: dict[str, str], nvcc: Path | str, work: Path) -> dict[str, Any]:
+    """Inside the step: expand {NVCC} and put $CXX through the cache (a script in `work`); without ccache
+    in the runner, turn the cache off and say so."""
     if "PYTORCH_NVCC" not in env:
         return {"active": False}
     exe = shutil.which(TOOL, path=env.get("PATH"))
@@ -114,13 +121,30 @@ def resolve_in_step(env: dict[str, str], nvcc: Path | str) -> dict[str, Any]:
         env.update(cache_env(enabled=False))
         return {"active": False, "why": "no ccache on the runner's PATH"}
     env["PYTORCH_NVCC"] = env["PYTORCH_NVCC"].replace(NVCC_PLACEHOLDER, str(nvcc))
+    cxx = shutil.which(env.get("CXX") or "c++", path=env.get("PATH"))
+    if cxx is not None:
+        env["CXX"] = str(cxx_through_cache(exe, cxx, Path(work) / CXX_WRAPPER_DIR))
     env.update(nvcc_namespace(env))
     if env.get("CCACHE_DIR"):
         Path(env["CCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
     if env.get("CCACHE_STATSLOG"):
         Path(env["CCACHE_STATSLOG"]).unlink(missing_ok=True)   # this build's lines only
     version = run([exe, "--version"]).stdout.split("\n")[0]
-    return {"active": True, "ccache": exe, "version": version.replace("ccache version ", "").strip()}
+    return {"active": True, "ccache": exe, "version": version.replace("ccache version ", "").strip(),
+            **({"cxx": env["CXX"]} if cxx is not None else {})}
+
+
+def cxx_through_cache(ccache: str, compiler: str, folder: Path) -> Path:
+    """`folder/<compiler's name>`: a script that runs `ccache <compiler>` with its arguments. ccache hashes
+    the real compiler (CCACHE_COMPILERCHECK=content), not the script, so cells whose scripts lie in work
+    folders of their own still share objects."""
+    script = folder / Path(compiler).name
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{script.name}.tmp"
+    tmp.write_text(f'#!/bin/sh\nexec {shlex.quote(ccache)} {shlex.quote(compiler)} "$@"\n')
+    tmp.chmod(0o755)
+    os.replace(tmp, script)
+    return script
 
 
 NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
@@ -156,14 +180,15 @@ def read_stats_log(path: Path | str) -> dict[str, Any]:
 
     The log is blocks of `# <source file>` followed by counter names; a block with a *_cache_hit
     counter is a hit, one with cache_miss a miss, anything else an uncacheable call (named by its
-    first counter, e.g. called_for_link).
+    first counter, e.g. called_for_preprocessing). Calls that compile nothing are left out: a link
+    and a `g++ -v` (torch's compiler check) go through the $CXX script too.
     """
     files: dict[str, str] = {}
     current: str | None = None
     counters: list[str] = []
 
     def close() -> None:
-        if current is None:
+        if current is None or counters in (["called_for_link"], ["no_input_file"]):
             return
         if any(c in HIT_COUNTERS for c in counters):
             outcome = "hit"

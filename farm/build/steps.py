@@ -168,7 +168,7 @@ class Steps:
 
             site = torch_at_one_path(torch_dir, self.work / "torch-site")
             env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
-        self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc))
+        self.compiler_cache = resolve_in_step(env, str(toolkit.nvcc), self.work)
         # §6.5: the same tmpxft names every build; a Linux build's (unshare is Linux's, and a Windows
         # compile must not get a PYTORCH_NVCC)
         self.nvcc_pid_namespace = self.cell.platform != "windows" and nvcc_in_own_pid_namespace(env, toolkit.nvcc)
