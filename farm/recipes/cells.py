@@ -70,8 +70,8 @@ def row_id(cell: Cell) -> str:
 
 
 def row_of_cell_id(cell: str) -> str:
-    """The row of a cell id, for a record that names only its cell: the id without its `-py<XY>` part
-    (abi3, py3-none and pure ids are one cell per row; theirs is dropped alike or kept, as one row)."""
+    """The row of a cell id, for a record that names only its cell: the id without its `-py<XY>` part.
+    An abi3 or pure id has no such part and is its row's only cell already."""
     return re.sub(r"-py\d+(?=-|$)", "", cell, count=1)
 
 
