@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
@@ -88,13 +89,61 @@ def run(cmd: Sequence[str | PathLike] | str, *, cwd: str | PathLike | None = Non
 
 
 def signal_group(proc: subprocess.Popen, *, hard: bool) -> None:
-    """Stop the process group `proc` leads (started with start_new_session=True): SIGTERM, or SIGKILL when
+    """Signal the process group `proc` leads (started with start_new_session=True): SIGTERM, or SIGKILL when
     `hard`. Windows has neither groups nor SIGTERM: there `taskkill /T /F` ends the process tree."""
     if os.name == "nt":
         subprocess.run(["taskkill", "/T", "/F", "/PID", str(proc.pid)], capture_output=True)
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
+
+
+# How long stop_group waits for the killed members to be gone. SIGKILL takes effect when the member next
+# runs, and a member that frees gigabytes (a compiler, a linker) takes a while to exit.
+GROUP_EXIT_WAIT = 10.0
+
+
+def stop_group(proc: subprocess.Popen, *, grace: float = 0.0) -> None:
+    """End the group `proc` leads, and return only once none of its members runs any more.
+
+    With `grace`, SIGTERM first and SIGKILL whatever is left `grace` seconds later (or as soon as the leader
+    has gone: the group outlives its leader). Waiting for the leader alone is not enough: kill() returns
+    before a killed grandchild has exited, and on a loaded machine it can still be running, holding files
+    and memory, when the caller goes on (design.md §6.4)."""
+    if grace:
+        signal_group(proc, hard=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    signal_group(proc, hard=True)
+    proc.wait()
+    deadline = time.monotonic() + GROUP_EXIT_WAIT
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of group `pgid`'s members that have not exited (zombies left out: they run nothing and
+    hold no memory). Read from /proc where there is one; elsewhere only whether the group still exists."""
+    proc_root = Path("/proc")
+    if not (proc_root / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError, OSError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:   # exited (and reaped) while we looked
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'.
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def stream(cmd: Sequence[str | PathLike], on_line: Callable[[str], None], *, cwd: str | PathLike | None = None,

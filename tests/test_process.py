@@ -70,3 +70,24 @@ def _state(pid: int) -> str:
             return next((ln for ln in fh if ln.startswith("State:")), "").lower()
     except OSError:
         return "zombie"   # gone between the two looks
+
+
+def test_stop_group_returns_only_when_no_member_runs_even_one_slow_to_exit(tmp_path):
+    """The CI flake of a stopped compile: kill() returns before a killed grandchild has exited. One that
+    holds a gigabyte of written memory takes a visible while to free it (0.15 s for 2 GB, measured), so
+    a stop that waits only for its leader returns with that member still running, every time."""
+    import subprocess
+    import time
+
+    from farm.process import group_members, stop_group
+
+    ready = tmp_path / "allocated"
+    hog = f"b = b'x' * (1 << 30); open({str(ready)!r}, 'w').close(); import time; time.sleep(300)"
+    proc = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "{hog}" & wait'], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the group's memory holder never started"
+        time.sleep(0.05)
+    assert len(group_members(proc.pid)) == 2   # the shell and the holder: the group this test made
+    stop_group(proc, grace=0.5)
+    assert proc.returncode is not None and group_members(proc.pid) == []

@@ -11,7 +11,6 @@ returns the one wheel it made.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -30,7 +29,7 @@ from farm.build.compilelog import failure_line
 from farm.build.hostpaths import nvcc_prefix_map_flags, prefix_map_flags
 from farm.build.toolkit import BuildToolkit
 from farm.errors import BadInput, CompileFailed, CompileStalled
-from farm.process import Popen, TimeoutExpired, run, signal_group, spawn
+from farm.process import TimeoutExpired, run, spawn, stop_group
 from farm.recipes.buildoutput import by_arch, flags_differences, sample_text, waived_text
 
 if TYPE_CHECKING:
@@ -286,6 +285,11 @@ def compile_wheel(source_dir: Path | str, env_python: Path | str, compile_env: M
     return final
 
 
+# Seconds between SIGTERM and SIGKILL when a compile is stopped: a compiler given the time removes its
+# temporary files.
+STOP_GRACE = 10.0
+
+
 def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out: IO[Any], limit: float | None = None,
               stall: float | None = None) -> int | str:
     """Run `cmd` in its own process group, its output to the file `out`; stop the whole group past `limit`
@@ -303,27 +307,17 @@ def run_group(cmd: list[str], cwd: Path, env: Mapping[str, str], out: IO[Any], l
             except TimeoutExpired:
                 now = time.monotonic()
             if limit is not None and now - start >= limit:
-                _stop_group(proc)
+                stop_group(proc, grace=STOP_GRACE)
                 return "timeout"
             grown = os.fstat(out.fileno()).st_size
             if grown != size:
                 size, last = grown, now
             elif stall is not None and now - last >= stall:
-                _stop_group(proc)
+                stop_group(proc, grace=STOP_GRACE)
                 return "stalled"
     except BaseException:
-        signal_group(proc, hard=True)
-        proc.wait()
+        stop_group(proc)
         raise
-
-
-def _stop_group(proc: Popen[Any]) -> None:
-    """SIGTERM the group, SIGKILL whatever is left 10 s later (the group outlives its leader)."""
-    signal_group(proc, hard=False)
-    with contextlib.suppress(TimeoutExpired):
-        proc.wait(timeout=10)
-    signal_group(proc, hard=True)
-    proc.wait()
 
 
 # ---------------------------------------------------------------- the flags tier: what nvcc was asked to emit

@@ -19,7 +19,7 @@ from typing import Any
 
 from farm.errors import BadInput
 from farm.platforms import host_arch
-from farm.process import TimeoutExpired, run, signal_group, spawn
+from farm.process import TimeoutExpired, run, spawn, stop_group
 from farm.runners import images, syspkgs
 from farm.runners.base import ENTRYPOINT_MODULE, WORK_TARGET, StepResult, run_logged, standard_mounts
 from farm.runners.engine import Mount
@@ -106,8 +106,7 @@ class HostRunner:
             try:
                 return proc.wait(timeout=timeout)
             except TimeoutExpired:
-                signal_group(proc, hard=True)
-                proc.wait()
+                stop_group(proc)
                 return 124
 
     def describe(self) -> dict[str, Any]:
