@@ -188,6 +188,35 @@ def test_cells_this_host_cannot_run_are_listed_as_not_checked_never_as_failures(
     assert page.count(">not checked<") == 4 and "no Python 3.12 on this host" in page   # 2 cells x pip, uv
 
 
+def test_after_a_torch_uvs_cache_keeps_only_what_the_next_torch_installs_too(tmp_path):
+    """check-install drops a torch from uv's cache when the next torch's cells start: torch and the runtime
+    wheels that changed with it go, the ones both torches install at the same version stay. Real uv, its
+    own cache folder; tiny wheels stand for torch 2.12's and 2.13's sets (cublas changed, numpy did not)."""
+    from farm.run.installcheck import Tools, _uv_binary, forget_torch
+
+    def wheels(folder: Path, torch: str, cublas: str) -> list[Path]:
+        return [make_wheel(folder, name, version, tags="py3-none-any")
+                for name, version in (("torch", torch), ("nvidia-cublas", cublas), ("numpy", "2.3.0"))]
+
+    checked = wheels(tmp_path / "torch-2.12", "2.12.0", "13.0.1")
+    following = wheels(tmp_path / "torch-2.13", "2.13.0", "13.1.0")
+    cache, logged = tmp_path / "uv-cache", []
+    tools = Tools("http://127.0.0.1:9/", tmp_path, tmp_path, _uv_binary(), cache, {}, logged.append)
+    env = {**os.environ, "UV_CACHE_DIR": str(cache), "UV_NO_CONFIG": "1"}
+    subprocess.run([tools.uv, "venv", "-q", str(tmp_path / "venv"), "--python", sys.executable], env=env, check=True)
+    subprocess.run([tools.uv, "pip", "install", "-q", "--python", str(tmp_path / "venv" / "bin" / "python"),
+                    "--no-index", "--find-links", str(tmp_path / "torch-2.12"), "torch", "nvidia-cublas", "numpy"],
+                   env=env, check=True)
+
+    def unpacked() -> list[str]:
+        return sorted(d.name for d in cache.glob("archive-v0/*/*.dist-info"))
+
+    assert unpacked() == ["numpy-2.3.0.dist-info", "nvidia_cublas-13.0.1.dist-info", "torch-2.12.0.dist-info"]
+    forget_torch(tools, "2.12.0", checked, following)
+    assert logged == ["uv cache: torch 2.12.0's wheels removed (2: nvidia-cublas, torch)"]
+    assert unpacked() == ["numpy-2.3.0.dist-info"]
+
+
 # ---------------------------------------------------------------- the install matrix on farm_demo (slow)
 
 @pytest.fixture(scope="module")
@@ -233,7 +262,7 @@ def test_every_demo_cell_installs_and_imports_with_pip_and_uv_and_the_broken_whe
     # the lines it ran are the ones the page prints, through the channel (the run's log says which)
     assert re.search(r"cu130-torch2\.12-py312 uv: farm-demo==0\.1\.0\+cu130torch2\.12: installs and imports", res.stdout)
     # torch 2.12's cells done, uv's copy of it goes before torch 2.13's cells (and 2.13's stays: no cell follows)
-    assert re.search(r"uv cache: torch 2\.12\.\S+'s wheels removed", res.stdout), res.stdout
+    assert re.search(r"uv cache: torch 2\.12\.\S+'s wheels removed \(\d+: .*\btorch\b", res.stdout), res.stdout
     assert "uv cache: torch 2.13" not in res.stdout
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.cachebudget import uv_cache_in_use
 from farm.errors import BadInput, FarmError
@@ -39,6 +40,9 @@ from farm.settings import cache_dir, display
 from farm.versions import cuda_tag, vtuple
 from farm.wheelhouse.index import FILES, Config, House, channel_root
 from farm.wheelhouse.manifest import ManifestEntry, house_folder, read_journal
+
+if TYPE_CHECKING:
+    from farm.build.downloads import DownloadSet
 
 INSTALLERS = ("pip", "uv")
 FAILS = "fails"
@@ -198,12 +202,30 @@ def _run_step(cmd: list[str], tools: Tools) -> str | None:
     return None if proc.returncode == 0 else first_line(proc.stderr + "\n" + proc.stdout)
 
 
-def _forget_torch(tools: Tools, pin: str | None) -> None:
-    """Drop torch from uv's cache once the cells of its version are checked: uv keeps each torch it
-    unpacked, ~2 GB a Python, and no later cell (cells come in torch order) installs that version
-    again. Without this a house of three torch minors grew the cache to 23 GB during one check."""
-    failed = _run_step([tools.uv, "cache", "clean", "torch"], tools)
-    tools.log(f"uv cache: torch {pin}'s wheels " + (f"not removed: {failed}" if failed else "removed"))
+def left_behind(checked: Iterable[Path], following: Iterable[Path]) -> list[str]:
+    """The distributions (PEP 503 names) among the wheel files of the torch just checked that the next torch
+    does not install at the same version: torch itself, and the CUDA runtime wheels and triton that
+    changed with it. Those the next torch shares stay in uv's cache."""
+    from packaging.utils import parse_wheel_filename
+
+    def distributions(files: Iterable[Path]) -> set[tuple[str, str]]:
+        parsed = (parse_wheel_filename(f.name) for f in files if f.name.endswith(".whl"))
+        return {(str(name), str(version)) for name, version, _build, _tags in parsed}
+
+    kept = distributions(following)
+    return sorted({name for name, version in distributions(checked) if (name, version) not in kept})
+
+
+def forget_torch(tools: Tools, pin: str | None, checked: Iterable[Path], following: Iterable[Path]) -> None:
+    """Drop a torch from uv's cache once the cells of its version are checked (cells come in torch
+    order, so no later cell installs it again): torch, ~2 GB unpacked a Python, and the runtime wheels
+    the next torch does not share. Dropping torch alone left 16 GB after three torch minors."""
+    names = left_behind(checked, following)
+    if not names:
+        return
+    failed = _run_step([tools.uv, "cache", "clean", *names], tools)
+    tools.log(f"uv cache: torch {pin}'s wheels " + (f"not removed: {failed}" if failed else
+                                                     f"removed ({len(names)}: {', '.join(names)})"))
 
 
 def _words(installer: str, python: Path, tools: Tools, cell: Cell, package: Package) -> list[str]:
@@ -216,9 +238,22 @@ def _words(installer: str, python: Path, tools: Tools, cell: Cell, package: Pack
     return [tools.uv, *uv_words(url, package.pin)[1:], "--python", str(python)]
 
 
-def check_cell(cell: Cell, tools: Tools, installers: Iterable[str]) -> dict[str, dict[str, dict]]:
-    """project -> installer -> {"status", "error"?, "seconds"} for one cell."""
-    from farm.build.environments import EnvRequest, download_environment, venv_python
+def torch_download(cell: Cell) -> tuple[DownloadSet | None, str | None]:
+    """The cell's torch and what it installs with, from the farm's downloads (cached); else why not."""
+    from farm.build.environments import EnvRequest, download_environment
+
+    if cell.torch_pin is None:
+        return None, f"no torch pin for {cell.channel} (no build record names it, no grid row)"
+    try:
+        return download_environment(EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform)), None
+    except FarmError as exc:
+        return None, f"torch {cell.torch_pin}: {exc}"
+
+
+def check_cell(cell: Cell, tools: Tools, installers: Iterable[str],
+               torch: tuple[DownloadSet | None, str | None]) -> dict[str, dict[str, dict]]:
+    """project -> installer -> {"status", "error"?, "seconds"} for one cell, given its torch_download."""
+    from farm.build.environments import venv_python
     from farm.runners.host import HostRunner
 
     results: dict[str, dict[str, dict]] = {p.project: {} for p in cell.packages}
@@ -228,15 +263,7 @@ def check_cell(cell: Cell, tools: Tools, installers: Iterable[str]) -> dict[str,
             results[p.project][installer] = {"status": FAILS, "error": why}
 
     interpreter = HostRunner().python(cell.python)[0]
-    torch_files = None
-    if cell.torch_pin is None:
-        torch_why: str | None = f"no torch pin for {cell.channel} (no build record names it, no grid row)"
-    else:
-        try:
-            torch_files = download_environment(EnvRequest(cell.python, cell.torch_pin, cell.cuda, cell.platform))
-            torch_why = None
-        except FarmError as exc:
-            torch_why = f"torch {cell.torch_pin}: {exc}"
+    torch_files, torch_why = torch
     for installer in installers:
         if torch_why is not None:
             all_fail(installer, torch_why)
@@ -359,10 +386,16 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
             tools = Tools(f"http://127.0.0.1:{server.server_address[1]}/", root, work, _uv_binary(), uv_cache,
                           _recipe_knobs(), log)
             log(f"serving {root} on {tools.base_url} for {len(runnable)} cell(s) x {', '.join(installers)}")
+            checked: list[Path] = []   # the wheel files of the torch pin being checked, over its cells
             for i, cell in enumerate(runnable):
-                if i and cell.torch_pin != runnable[i - 1].torch_pin and "uv" in installers:
-                    _forget_torch(tools, runnable[i - 1].torch_pin)
-                for project, by_installer in check_cell(cell, tools, installers).items():
+                torch = torch_download(cell)
+                following = torch[0].files if torch[0] else ()
+                if i and cell.torch_pin != runnable[i - 1].torch_pin:
+                    if "uv" in installers:
+                        forget_torch(tools, runnable[i - 1].torch_pin, checked, following)
+                    checked = []
+                checked.extend(following)
+                for project, by_installer in check_cell(cell, tools, installers, torch).items():
                     version = next(p.version for p in cell.packages if p.project == project)
                     results[project][cell.id] = {"version": version, **by_installer}
         finally:
