@@ -172,6 +172,10 @@ def test_base_environment_has_the_exact_torch_and_records_its_arch_list(base_env
     assert inc and (inc[0] / "cusparse.h").is_file() and (inc[0] / "cublas_v2.h").is_file()
     # Immutable once complete.
     assert (env.site_packages / "torch" / "__init__.py").stat().st_mode & 0o222 == 0
+    # Every header at one time, so gcc's `#pragma once` twins fold the same way in every env; no .py file.
+    ops = env.site_packages / "torch" / "include" / "ATen" / "ops"
+    assert {p.stat().st_mtime for p in list(ops.glob("*.h"))[:200]} == {E.HEADER_MTIME}
+    assert (env.site_packages / "torch" / "__init__.py").stat().st_mtime != E.HEADER_MTIME
 
 
 @pytest.mark.slow
@@ -342,3 +346,37 @@ def test_a_download_waits_while_another_build_downloads_into_the_shared_folder(t
     second.join(120)
     assert not second.is_alive() and [f.name for f in got[0].files] == ["six-1.16.0-py2.py3-none-any.whl"]
     assert any(" pip download " in line for line in said), said
+
+
+def test_stamped_headers_preprocess_to_the_same_text_in_every_env_whatever_second_pip_wrote_them(tmp_path):
+    """gcc drops a `#pragma once` header whose size, whole-second mtime and bytes equal one it already
+    included. torch's ATen/ops has hundreds of such twins, so two envs of one torch, installed a few
+    seconds apart, preprocessed fused_ssim's ssim.cu to different text and the compiler cache missed.
+    Real g++; two envs whose twins pip happened to write in one second, and across a second boundary."""
+    import subprocess
+
+    twin = "#pragma once\nnamespace at { namespace native { } }\n"
+    envs = []
+    for name, seconds in (("one-second", (100.2, 100.7)), ("two-seconds", (100.9, 101.1))):
+        site = tmp_path / name / "site-packages"
+        ops = site / "torch" / "include" / "ATen" / "ops"
+        ops.mkdir(parents=True)
+        for header, when in zip(("a_native.h", "b_native.h"), seconds, strict=True):
+            (ops / header).write_text(twin)
+            os.utime(ops / header, (when, when))
+        (site / "torch" / "include" / "ATen" / "NativeFunctions.h").write_text(
+            '#include <ATen/ops/a_native.h>\n#include <ATen/ops/b_native.h>\n')
+        (site / "torch" / "__init__.py").write_text("")
+        os.utime(site / "torch" / "__init__.py", (100, 100))
+        envs.append(site)
+    (tmp_path / "op.cpp").write_text("#include <ATen/NativeFunctions.h>\nint op;\n")
+
+    def preprocessed(site: Path) -> str:
+        return subprocess.run(["g++", "-E", "-P", "-I", str(site / "torch" / "include"), "op.cpp"], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout
+
+    assert [preprocessed(e).count("namespace at") for e in envs] == [1, 2]   # what the install's timing chose
+    assert [E.stamp_headers(e) for e in envs] == [3, 3]
+    assert preprocessed(envs[0]) == preprocessed(envs[1])
+    assert (envs[1] / "torch" / "include" / "ATen" / "ops" / "b_native.h").stat().st_mtime == E.HEADER_MTIME
+    assert (envs[1] / "torch" / "__init__.py").stat().st_mtime == 100   # a .pyc would go stale

@@ -308,8 +308,37 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
 
 
+# What an environment's folder holds beyond its pins; a change makes new folders (the old ones age out of
+# the cache budget). 2: the headers carry one fixed time (stamp_headers).
+ENV_FORMAT = 2
+
+# gcc drops a `#pragma once` header whose size, whole-second mtime and bytes equal those of one it already
+# included. torch's ATen/ops holds hundreds of identical small headers, and pip stamps every file with the
+# second it wrote it: whether two twins share a second depended on the install's timing, so one TU
+# preprocessed to different text in two envs of the same torch, and the compiler cache missed between
+# sibling cells (fused_ssim's ssim.cu, design.md §6.2, §11.3). One time for every header of every env makes
+# that choice the same everywhere.
+HEADER_MTIME = 315532800   # 1980-01-01, the earliest time a wheel's zip can carry
+
+
+def stamp_headers(site_packages: Path) -> int:
+    """Give every file under an `include` folder of `site_packages` the mtime HEADER_MTIME; the count.
+    Python files are left alone: their .pyc records their mtime and would go stale."""
+    count = 0
+    folders = sorted(p for p in site_packages.glob("**/include") if p.is_dir() and not p.is_symlink())
+    for include in folders:
+        if any(outer in include.parents for outer in folders):   # torch/include/torch/csrc/api/include
+            continue
+        for path in include.rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.suffix != ".py":
+                os.utime(path, (HEADER_MTIME, HEADER_MTIME))
+                count += 1
+    return count
+
+
 def base_key(req: EnvRequest, target: str, python_full: str) -> str:
-    return _safe(f"{target}-py{python_full}-torch{req.torch_pin}-{cuda_tag(req.cuda)}-{req.platform}")
+    return _safe(f"{target}-py{python_full}-torch{req.torch_pin}-{cuda_tag(req.cuda)}-{req.platform}"
+                 f"-v{ENV_FORMAT}")
 
 
 def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "host",
@@ -346,6 +375,7 @@ def base_environment(req: EnvRequest, python_exe: Path | str, *, target: str = "
                 _run([py, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps",
                       "--no-warn-script-location", "--disable-pip-version-check", *dl.files], log,
                      f"installing torch {req.torch_pin} into {path}", env=isolated_pip_env())
+        stamp_headers(_site_packages_of(path))
         probe = probe_torch(py)
         check_torch(probe["torch"], probe["cuda"], req.torch_pin, req.cuda, where=str(path))
         _run([py, "-m", "pip", "check"], log, f"pip check in {path}", env=isolated_pip_env())
@@ -423,6 +453,7 @@ def overlay_environment(base: TorchEnv, build_deps: Iterable[str], *, downloads:
                   "--no-warn-script-location", "--disable-pip-version-check", *(f for f, _ in farm_wheels)], log,
                  f"installing the build_requires_farm wheels {[f.name for f, _ in farm_wheels]} into {path}",
                  env=isolated_pip_env())
+        stamp_headers(site)
         added = _freeze(venv_python(path), site)
         probe = probe_torch(venv_python(path))
         if probe["torch"] != base.torch_version:
