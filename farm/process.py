@@ -123,12 +123,15 @@ def stop_group(proc: subprocess.Popen, *, grace: float = 0.0) -> None:
 
 def group_members(pgid: int) -> list[int]:
     """The pids of group `pgid`'s members that have not exited (zombies left out: they run nothing and
-    hold no memory). Read from /proc where there is one; elsewhere only whether the group still exists."""
+    hold no memory). Read from /proc where there is one; elsewhere only whether the group still exists.
+    Windows has no groups: there signal_group's `taskkill /T /F` has ended the tree, and none is left."""
+    if os.name == "nt":
+        return []
     proc_root = Path("/proc")
     if not (proc_root / "self" / "stat").exists():
         try:
             os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError, OSError):
+        except OSError:   # no such group any more (or not ours to signal)
             return []
         return [pgid]
     members = []

@@ -389,12 +389,12 @@ def check_install(wheelhouse, installers: Iterable[str] = INSTALLERS, log: Calla
             checked: list[Path] = []   # the wheel files of the torch pin being checked, over its cells
             for i, cell in enumerate(runnable):
                 torch = torch_download(cell)
-                following = torch[0].files if torch[0] else ()
+                files = torch[0].files if torch[0] else ()
                 if i and cell.torch_pin != runnable[i - 1].torch_pin:
                     if "uv" in installers:
-                        forget_torch(tools, runnable[i - 1].torch_pin, checked, following)
+                        forget_torch(tools, runnable[i - 1].torch_pin, checked, files)
                     checked = []
-                checked.extend(following)
+                checked.extend(files)
                 for project, by_installer in check_cell(cell, tools, installers, torch).items():
                     version = next(p.version for p in cell.packages if p.project == project)
                     results[project][cell.id] = {"version": version, **by_installer}
